@@ -1,0 +1,143 @@
+// Completion tokens and helpers shared by every dcomm initiating function.
+//
+// Every asynchronous dcomm operation is an Asio initiating function whose
+// completion signature is void(std::exception_ptr, T...): the exception is a
+// dcomm::error carrying the context a user needs, which an error_code alone
+// cannot. So one call serves
+//   co_await store.get("k");                         // default: asio::use_awaitable
+//   store.get("k", [](std::exception_ptr, std::string) {...});
+//   store.get("k", asio::use_future);
+//   store.get("k", dcomm::blocking);                 // plain blocking form
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "dcomm/detail/asio.hpp"
+#include "dcomm/error.hpp"
+
+namespace dcomm {
+
+using clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Token for the blocking form: the initiating function returns the result
+// (or throws) once the operation has completed.
+struct blocking_t {
+  constexpr blocking_t() = default;
+};
+inline constexpr blocking_t blocking{};
+
+using default_token_t = asio::use_awaitable_t<>;
+
+namespace detail {
+
+// A blocking call from the thread that runs the operation's executor could
+// never complete: refuse it instead of hanging.
+inline bool running_in_this_thread(const asio::any_io_executor& ex) {
+  if (auto* e = ex.target<asio::io_context::executor_type>()) return e->running_in_this_thread();
+  if (auto* s = ex.target<asio::strand<asio::io_context::executor_type>>())
+    return s->running_in_this_thread();
+  if (auto* s = ex.target<asio::strand<asio::any_io_executor>>())
+    return s->running_in_this_thread();
+  return false;
+}
+
+template <typename T>
+T run_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op, const char* operation,
+               clock::duration limit) {
+  if (running_in_this_thread(ex))
+    throw_error(errc::invalid_argument,
+                {.operation = operation,
+                 .detail = "blocking call made from the thread that runs the object's executor; "
+                           "co_await it instead"});
+  auto result = asio::co_spawn(ex, std::move(op), asio::use_future);
+  // Every operation has its own deadline; this one only guards against an
+  // executor nobody runs, which would otherwise block forever.
+  if (result.wait_for(limit) != std::future_status::ready)
+    throw_error(errc::timeout, {.operation = operation,
+                                .detail = "the operation did not complete; is anything running "
+                                          "the executor it was started on?"});
+  return result.get();
+}
+
+// Starts `op` on `ex` and completes `token` with its result. Every store and
+// backend operation goes through here, so the token handling lives in one place.
+template <typename T, typename Token>
+auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token,
+              const char* operation, clock::duration limit) {
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
+    return run_blocking<T>(ex, std::move(op), operation, limit);
+  else
+    return asio::co_spawn(ex, std::move(op), std::forward<Token>(token));
+}
+
+// Extra time a blocking wait allows beyond an operation's own deadline.
+inline constexpr clock::duration blocking_grace = std::chrono::seconds(30);
+
+}  // namespace detail
+
+// Runs a coroutine to completion on a caller-owned io_context from plain
+// code (main, tests) and returns its result or rethrows its exception. Runs
+// handlers only until the coroutine is done: servers and connections it
+// started stay alive on the context for the next call.
+template <typename T>
+T sync_wait(asio::io_context& context, asio::awaitable<T> op) {
+  auto result = asio::co_spawn(context, std::move(op), asio::use_future);
+  context.restart();
+  while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    if (context.run_one() == 0)
+      throw_error(errc::aborted, {.operation = "sync_wait",
+                                  .detail = "the io_context ran out of work before the coroutine "
+                                            "finished (was it stopped?)"});
+  return result.get();
+}
+
+// The same on a fresh io_context of its own.
+template <typename T>
+T sync_wait(asio::awaitable<T> op) {
+  asio::io_context context;
+  return sync_wait(context, std::move(op));
+}
+
+namespace detail {
+
+// An io_context with a thread of its own, for objects a user creates without
+// giving them an executor (the blocking API of torch.distributed users).
+// The owner may be destroyed on that very thread (its last reference dropped
+// by a completing operation): then the thread is detached, and the context,
+// shared with it, lives until run() has returned.
+class io_thread {
+ public:
+  io_thread() : state_(std::make_shared<state>()) {
+    thread_ = std::thread([s = state_] { s->context.run(); });
+  }
+  io_thread(const io_thread&) = delete;
+  io_thread& operator=(const io_thread&) = delete;
+  ~io_thread() {
+    state_->guard.reset();
+    state_->context.stop();
+    if (thread_.get_id() == std::this_thread::get_id())
+      thread_.detach();
+    else
+      thread_.join();
+  }
+  asio::any_io_executor get_executor() { return state_->context.get_executor(); }
+
+ private:
+  struct state {
+    asio::io_context context{1};
+    asio::executor_work_guard<asio::io_context::executor_type> guard{context.get_executor()};
+  };
+  std::shared_ptr<state> state_;
+  std::thread thread_;
+};
+
+}  // namespace detail
+}  // namespace dcomm

@@ -1,0 +1,22 @@
+// The one place dcomm includes Asio, so configuration stays consistent.
+#pragma once
+
+#ifndef ASIO_STANDALONE
+#define ASIO_STANDALONE
+#endif
+
+// Asio 1.22 enables co_await on clang only for the coroutines TS; clang 14
+// with libstdc++ has C++20 coroutines, so say so before Asio's config runs.
+#if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT) && defined(__cpp_impl_coroutine)
+#if __cpp_impl_coroutine >= 201902 && __has_include(<coroutine>)
+#define ASIO_HAS_CO_AWAIT 1
+#endif
+#endif
+
+#include <asio.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#if !defined(ASIO_HAS_CO_AWAIT)
+#error \
+    "dcomm needs Asio's C++20 coroutine support: with clang, include dcomm before Asio or define ASIO_HAS_CO_AWAIT=1"
+#endif

@@ -1,0 +1,149 @@
+// The store contract: a small key-value service every rank of a job can reach,
+// used for rendezvous and to exchange connection details (c10d's Store).
+//
+// Keys are strings; values are binary-safe std::strings. Every operation is
+// an initiating function (see completion.hpp): co_await it, pass a callback,
+// asio::use_future, or dcomm::blocking. Every wait has a deadline: the store's
+// timeout unless the call gives one, and a timeout names the keys still missing.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcomm/completion.hpp"
+#include "dcomm/error.hpp"
+
+namespace dcomm {
+
+class store : public std::enable_shared_from_this<store> {
+ public:
+  using executor_type = asio::any_io_executor;
+  using duration = std::chrono::milliseconds;
+
+  static constexpr duration default_timeout = std::chrono::minutes(5);
+
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+  virtual ~store() = default;
+
+  virtual executor_type get_executor() const = 0;
+  // For messages: "tcp://host:port", "file:///path", "hash_store".
+  virtual std::string address() const = 0;
+
+  duration timeout() const noexcept { return timeout_; }
+  void set_timeout(duration t) noexcept { timeout_ = t; }
+
+  // Sets key to value, waking everyone waiting for it.
+  template <typename Token = default_token_t>
+  auto set(std::string key, std::string value, Token&& token = {}) {
+    return run(set_impl(std::move(key), std::move(value)), std::forward<Token>(token), "set");
+  }
+
+  // The value of key, waiting until it exists (at most `timeout`).
+  template <typename Token = default_token_t>
+  auto get(std::string key, Token&& token = {}) {
+    return get(std::move(key), timeout_, std::forward<Token>(token));
+  }
+  template <typename Token = default_token_t>
+  auto get(std::string key, duration timeout, Token&& token = {}) {
+    return run(get_impl(std::move(key), clock::now() + timeout), std::forward<Token>(token), "get",
+               timeout);
+  }
+
+  // Atomically adds delta to the integer stored at key (0 if missing) and
+  // returns the new value. Values are decimal text, as in c10d.
+  template <typename Token = default_token_t>
+  auto add(std::string key, std::int64_t delta, Token&& token = {}) {
+    return run(add_impl(std::move(key), delta), std::forward<Token>(token), "add");
+  }
+
+  // If key holds `expected` (or is missing and `expected` is empty), sets it
+  // to `desired`. Returns the value the key holds afterwards.
+  template <typename Token = default_token_t>
+  auto compare_set(std::string key, std::string expected, std::string desired, Token&& token = {}) {
+    return run(compare_set_impl(std::move(key), std::move(expected), std::move(desired)),
+               std::forward<Token>(token), "compare_set");
+  }
+
+  // Waits until every key exists.
+  template <typename Token = default_token_t>
+  auto wait(std::vector<std::string> keys, Token&& token = {}) {
+    return wait(std::move(keys), timeout_, std::forward<Token>(token));
+  }
+  template <typename Token = default_token_t>
+  auto wait(std::vector<std::string> keys, duration timeout, Token&& token = {}) {
+    return run(wait_impl(std::move(keys), clock::now() + timeout), std::forward<Token>(token),
+               "wait", timeout);
+  }
+
+  // Whether every key exists, without waiting.
+  template <typename Token = default_token_t>
+  auto check(std::vector<std::string> keys, Token&& token = {}) {
+    return run(check_impl(std::move(keys)), std::forward<Token>(token), "check");
+  }
+
+  // Removes key; returns whether it existed.
+  template <typename Token = default_token_t>
+  auto delete_key(std::string key, Token&& token = {}) {
+    return run(delete_key_impl(std::move(key)), std::forward<Token>(token), "delete_key");
+  }
+
+  template <typename Token = default_token_t>
+  auto num_keys(Token&& token = {}) {
+    return run(num_keys_impl(), std::forward<Token>(token), "num_keys");
+  }
+
+  // The coroutines behind the operations. Decorators (prefix_store) and the
+  // rendezvous co_await these directly on the store's executor.
+  virtual asio::awaitable<void> set_impl(std::string key, std::string value) = 0;
+  virtual asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) = 0;
+  virtual asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) = 0;
+  virtual asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
+                                                        std::string desired) = 0;
+  virtual asio::awaitable<void> wait_impl(std::vector<std::string> keys,
+                                          clock::time_point deadline) = 0;
+  virtual asio::awaitable<bool> check_impl(std::vector<std::string> keys) = 0;
+  virtual asio::awaitable<bool> delete_key_impl(std::string key) = 0;
+  virtual asio::awaitable<std::int64_t> num_keys_impl() = 0;
+
+ protected:
+  explicit store(duration timeout = default_timeout) : timeout_(timeout) {}
+
+ private:
+  template <typename T, typename Token>
+  auto run(asio::awaitable<T> op, Token&& token, const char* operation,
+           duration timeout = duration::zero()) {
+    // Keep the store alive until the operation completes, whoever drops it.
+    auto self = shared_from_this();
+    return detail::initiate(get_executor(), keep_alive(std::move(self), std::move(op)),
+                            std::forward<Token>(token), operation,
+                            std::max(timeout, timeout_) + detail::blocking_grace);
+  }
+
+  template <typename T>
+  static asio::awaitable<T> keep_alive(std::shared_ptr<store> self, asio::awaitable<T> op) {
+    (void)self;
+    co_return co_await std::move(op);
+  }
+
+  duration timeout_;
+};
+
+namespace detail {
+// Comma-separated key list for messages.
+inline std::string join_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) {
+    if (!out.empty()) out += ", ";
+    out += k;
+  }
+  return out;
+}
+}  // namespace detail
+
+}  // namespace dcomm
