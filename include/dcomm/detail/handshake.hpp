@@ -1,0 +1,218 @@
+// The handshake that opens every dcomm TCP connection (store clients and,
+// later, backend peer links). It checks the protocol magic and version, what
+// the connection is for (its purpose), and — when a job token is set — that
+// both sides hold the token, by HMAC challenge-response: the token itself is
+// never sent.
+//
+//   client -> server  hello:   "DCMH" u16 version, str purpose, i32 rank, nonce_c[32]
+//   server -> client  offer:   "DCMH" u16 version, u8 auth, nonce_s[32]
+//   client -> server  proof:   u8 has_mac, mac_c[32] = HMAC(token, "dcomm-client" purpose nonce_s
+//   nonce_c) server -> client  verdict: u8 accepted, str reason, mac_s[32] = HMAC(token,
+//   "dcomm-server" ...)
+//
+// Each side authenticates the other (mutual), labels keep a reflected proof
+// from verifying, and fresh nonces on both sides defeat replay. A client with
+// a token refuses a server that does not ask for one (no silent downgrade).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "dcomm/detail/hmac.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/wire.hpp"
+
+namespace dcomm::detail {
+
+inline constexpr std::string_view handshake_magic = "DCMH";
+inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::size_t max_purpose_length = 64;
+
+struct handshake_config {
+  std::string purpose;  // "store", "tcp_backend", ...
+  std::string token;    // empty: no authentication
+  int rank = -1;        // ours, for the peer's messages
+};
+
+namespace handshake_detail {
+
+inline std::string proof_message(std::string_view label, std::string_view purpose,
+                                 const nonce& first, const nonce& second) {
+  std::string m(label);
+  m += purpose;
+  m.append(reinterpret_cast<const char*>(first.data()), first.size());
+  m.append(reinterpret_cast<const char*>(second.data()), second.size());
+  return m;
+}
+
+inline asio::awaitable<void> write_all(tcp::socket& socket, std::string bytes,
+                                       clock::time_point deadline, const error_context& ctx) {
+  co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
+                         deadline, ctx);
+}
+
+inline asio::awaitable<std::string> read_n(tcp::socket& socket, std::size_t n,
+                                           clock::time_point deadline, const error_context& ctx) {
+  std::string bytes(n, '\0');
+  co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
+                         deadline, ctx);
+  co_return bytes;
+}
+
+inline std::string_view as_view(const std::array<unsigned char, 32>& a) {
+  return {reinterpret_cast<const char*>(a.data()), a.size()};
+}
+
+inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<unsigned char>(s[i]);
+}
+
+}  // namespace handshake_detail
+
+// Client side. Throws auth_failed / protocol_error / timeout naming `address`.
+inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handshake_config& config,
+                                              std::string address, clock::time_point deadline) {
+  using namespace handshake_detail;
+  error_context ctx{.operation = "handshake (" + config.purpose + ")",
+                    .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
+                    .address = address};
+  nonce nonce_c = make_nonce();
+  wire_writer hello;
+  hello.raw(handshake_magic)
+      .u16(protocol_version)
+      .str(config.purpose)
+      .u32(static_cast<std::uint32_t>(config.rank))
+      .raw(as_view(nonce_c));
+  co_await write_all(socket, std::move(hello.bytes()), deadline, ctx);
+
+  std::string offer = co_await read_n(socket, 4 + 2 + 1 + 32, deadline, ctx);
+  wire_reader r(offer);
+  if (r.raw(4) != handshake_magic) {
+    ctx.detail = "the peer is not a dcomm server (wrong magic)";
+    throw error(errc::protocol_error, ctx);
+  }
+  if (auto v = r.u16(); v != protocol_version) {
+    ctx.expected = "protocol version " + std::to_string(protocol_version);
+    ctx.seen = std::to_string(v);
+    throw error(errc::mismatch, ctx);
+  }
+  bool auth = r.u8() != 0;
+  nonce nonce_s{};
+  copy_into(nonce_s, r.raw(32));
+  if (!config.token.empty() && !auth) {
+    ctx.detail =
+        "DCOMM_JOB_TOKEN is set but the server does not ask for it; refusing to join an "
+        "unauthenticated server";
+    throw error(errc::auth_failed, ctx);
+  }
+  if (auth && config.token.empty()) {
+    ctx.detail = "the server requires a job token; set DCOMM_JOB_TOKEN to the job's token";
+    throw error(errc::auth_failed, ctx);
+  }
+  wire_writer proof;
+  proof.u8(auth ? 1 : 0);
+  digest mac_c{};
+  if (auth)
+    mac_c =
+        hmac_sha256(config.token, proof_message("dcomm-client", config.purpose, nonce_s, nonce_c));
+  proof.raw(as_view(mac_c));
+  co_await write_all(socket, std::move(proof.bytes()), deadline, ctx);
+
+  std::string head = co_await read_n(socket, 1 + 4, deadline, ctx);
+  wire_reader v(head);
+  bool accepted = v.u8() != 0;
+  std::uint32_t reason_length = v.u32();
+  if (reason_length > 1024) throw error(errc::protocol_error, ctx);
+  std::string reason = co_await read_n(socket, reason_length, deadline, ctx);
+  if (!accepted) {
+    ctx.detail = "the server refused the connection: " + reason;
+    throw error(errc::auth_failed, ctx);
+  }
+  std::string server_mac = co_await read_n(socket, 32, deadline, ctx);
+  if (auth) {
+    digest expected =
+        hmac_sha256(config.token, proof_message("dcomm-server", config.purpose, nonce_c, nonce_s));
+    digest seen{};
+    copy_into(seen, server_mac);
+    if (!digest_equal(expected, seen)) {
+      ctx.detail = "the server could not prove it holds the job token";
+      throw error(errc::auth_failed, ctx);
+    }
+  }
+}
+
+struct handshake_peer {
+  int rank = -1;
+  std::string purpose;
+};
+
+// Server side. On refusal it tells the client why, then throws auth_failed
+// (the caller logs it and drops the connection).
+inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
+                                                        const handshake_config& config,
+                                                        std::string peer_address,
+                                                        clock::time_point deadline) {
+  using namespace handshake_detail;
+  error_context ctx{.operation = "handshake (" + config.purpose + ")", .address = peer_address};
+  std::string head = co_await read_n(socket, 4 + 2 + 4, deadline, ctx);
+  wire_reader r(head);
+  if (r.raw(4) != handshake_magic) {
+    ctx.detail = "not a dcomm client (wrong magic)";
+    throw error(errc::protocol_error, ctx);
+  }
+  std::uint16_t version = r.u16();
+  std::uint32_t purpose_length = r.u32();
+  if (purpose_length > max_purpose_length) {
+    ctx.detail = "purpose too long";
+    throw error(errc::protocol_error, ctx);
+  }
+  std::string rest = co_await read_n(socket, purpose_length + 4 + 32, deadline, ctx);
+  wire_reader h(rest);
+  handshake_peer peer;
+  peer.purpose = std::string(h.raw(purpose_length));
+  peer.rank = static_cast<std::int32_t>(h.u32());
+  nonce nonce_c{};
+  copy_into(nonce_c, h.raw(32));
+  if (peer.rank >= 0) ctx.rank = peer.rank;
+
+  bool auth = !config.token.empty();
+  nonce nonce_s = make_nonce();
+  wire_writer offer;
+  offer.raw(handshake_magic).u16(protocol_version).u8(auth ? 1 : 0).raw(as_view(nonce_s));
+  co_await write_all(socket, std::move(offer.bytes()), deadline, ctx);
+
+  std::string proof = co_await read_n(socket, 1 + 32, deadline, ctx);
+  std::string refusal;
+  if (version != protocol_version)
+    refusal = "protocol version " + std::to_string(version) + ", server speaks " +
+              std::to_string(protocol_version);
+  else if (peer.purpose != config.purpose)
+    refusal = "this port serves '" + config.purpose + "', not '" + peer.purpose + "'";
+  else if (auth) {
+    digest seen{};
+    copy_into(seen, std::string_view(proof).substr(1));
+    digest expected =
+        hmac_sha256(config.token, proof_message("dcomm-client", config.purpose, nonce_s, nonce_c));
+    if (proof[0] == 0)
+      refusal = "a job token is required and the client sent no proof";
+    else if (!digest_equal(expected, seen))
+      refusal = "the client could not prove it holds the job token";
+  }
+  wire_writer verdict;
+  verdict.u8(refusal.empty() ? 1 : 0).str(refusal);
+  digest mac_s{};
+  if (refusal.empty() && auth)
+    mac_s =
+        hmac_sha256(config.token, proof_message("dcomm-server", config.purpose, nonce_c, nonce_s));
+  verdict.raw(as_view(mac_s));
+  co_await write_all(socket, std::move(verdict.bytes()), deadline, ctx);
+  if (!refusal.empty()) {
+    ctx.detail = refusal;
+    throw error(errc::auth_failed, ctx);
+  }
+  co_return peer;
+}
+
+}  // namespace dcomm::detail

@@ -1,0 +1,690 @@
+// A store served over TCP (c10d's TCPStore): one server, hosted in rank 0's
+// process or standalone, and a client per process.
+//
+// Frames are u32 length + body; requests carry an id so many operations can
+// be in flight on one connection (a waiting get never holds up a set). The
+// server enforces waits' deadlines and answers a timeout with the keys still
+// missing. A frame over the size limit or one that does not decode closes
+// that connection only: the server and all other clients carry on.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcomm/detail/handshake.hpp"
+#include "dcomm/detail/kv_table.hpp"
+#include "dcomm/detail/log.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/wire.hpp"
+#include "dcomm/store/store.hpp"
+
+namespace dcomm {
+
+namespace detail {
+
+enum class store_op : std::uint8_t {
+  set = 1,
+  get,
+  add,
+  compare_set,
+  wait,
+  check,
+  delete_key,
+  num_keys,
+};
+
+enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
+
+inline constexpr std::string_view store_purpose = "store";
+inline constexpr std::size_t default_max_frame_bytes = std::size_t{64} << 20;
+
+inline std::string job_token_from_environment() {
+  const char* t = std::getenv("DCOMM_JOB_TOKEN");
+  return t ? t : "";
+}
+
+// One framed TCP connection with an ordered outgoing queue, used by both
+// ends of the store protocol. Lives on one strand.
+class frame_stream : public std::enable_shared_from_this<frame_stream> {
+ public:
+  frame_stream(tcp::socket socket, std::size_t max_frame_bytes)
+      : socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes) {}
+
+  tcp::socket& socket() noexcept { return socket_; }
+  bool is_open() const noexcept { return socket_.is_open(); }
+
+  // Reads one frame body; protocol_error if it is over the size limit.
+  asio::awaitable<std::string> read_frame() {
+    std::array<unsigned char, 4> header{};
+    co_await asio::async_read(socket_, asio::buffer(header), asio::use_awaitable);
+    std::uint32_t length =
+        static_cast<std::uint32_t>(header[0]) | static_cast<std::uint32_t>(header[1]) << 8 |
+        static_cast<std::uint32_t>(header[2]) << 16 | static_cast<std::uint32_t>(header[3]) << 24;
+    if (length > max_frame_bytes_)
+      throw_error(errc::protocol_error,
+                  {.operation = "read frame",
+                   .expected = "at most " + std::to_string(max_frame_bytes_) + " bytes",
+                   .seen = std::to_string(length) + " bytes"});
+    std::string body(length, '\0');
+    co_await asio::async_read(socket_, asio::buffer(body), asio::use_awaitable);
+    co_return body;
+  }
+
+  // Queues a frame; frames go out in the order they were queued.
+  void send_frame(std::string body) {
+    wire_writer frame;
+    frame.u32(static_cast<std::uint32_t>(body.size())).raw(body);
+    outbox_.push_back(std::move(frame.bytes()));
+    if (!writing_ && socket_.is_open()) {
+      writing_ = true;
+      asio::co_spawn(socket_.get_executor(), write_loop(shared_from_this()), asio::detached);
+    }
+  }
+
+  void close() {
+    asio::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    outbox_.clear();
+  }
+
+ private:
+  static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self) {
+    try {
+      while (!self->outbox_.empty()) {
+        co_await asio::async_write(self->socket_, asio::buffer(self->outbox_.front()),
+                                   asio::use_awaitable);
+        self->outbox_.pop_front();
+      }
+    } catch (const std::system_error&) {
+      // The reader sees the broken connection and reports it.
+      self->close();
+    }
+    self->writing_ = false;
+  }
+
+  tcp::socket socket_;
+  std::size_t max_frame_bytes_;
+  std::deque<std::string> outbox_;
+  bool writing_ = false;
+};
+
+}  // namespace detail
+
+struct tcp_store_server_options {
+  // Address to listen on; empty: every interface, IPv6 and IPv4 (as c10d).
+  std::string bind_host = "";
+  std::uint16_t port = 0;  // 0: the system picks; read it back with port()
+  // An already-bound listening socket to adopt (a launcher that picked the
+  // port); the server takes ownership. -1: bind bind_host:port.
+  int listen_fd = -1;
+  std::string job_token = detail::job_token_from_environment();
+  std::size_t max_frame_bytes = detail::default_max_frame_bytes;
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
+};
+
+// The server half. Runs on a strand of the executor it is given; destroying
+// the handle stops it (closing the listening socket and every connection).
+class tcp_store_server {
+ public:
+  static std::unique_ptr<tcp_store_server> start(asio::any_io_executor executor,
+                                                 tcp_store_server_options options = {}) {
+    return std::unique_ptr<tcp_store_server>(
+        new tcp_store_server(std::move(executor), std::move(options)));
+  }
+  tcp_store_server(const tcp_store_server&) = delete;
+  tcp_store_server& operator=(const tcp_store_server&) = delete;
+  ~tcp_store_server() { impl_->stop(); }
+
+  std::uint16_t port() const noexcept { return impl_->port; }
+  std::string address() const { return impl_->address; }
+
+ private:
+  struct impl;
+  using connection = detail::frame_stream;
+
+  tcp_store_server(asio::any_io_executor executor, tcp_store_server_options options)
+      : impl_(std::make_shared<impl>(asio::make_strand(executor), std::move(options))) {
+    detail::require_crypto_for(impl_->options.job_token, "tcp_store_server");
+    impl_->open();
+    asio::co_spawn(impl_->strand, impl::accept_loop(impl_), asio::detached);
+  }
+
+  struct impl : std::enable_shared_from_this<impl> {
+    impl(asio::strand<asio::any_io_executor> s, tcp_store_server_options o)
+        : strand(std::move(s)), acceptor(strand), options(std::move(o)) {}
+
+    asio::strand<asio::any_io_executor> strand;
+    detail::tcp::acceptor acceptor;
+    tcp_store_server_options options;
+    std::uint16_t port = 0;
+    std::string address;
+    detail::kv_table table;
+    std::vector<std::weak_ptr<connection>> connections;
+    bool stopped = false;
+
+    void open() {
+      using detail::tcp;
+      asio::error_code ec;
+      if (options.listen_fd >= 0) {
+        auto ep = endpoint_of_fd(options.listen_fd);
+        acceptor.assign(ep.protocol(), options.listen_fd, ec);
+        if (ec)
+          throw_error(errc::invalid_argument,
+                      {.operation = "tcp_store_server",
+                       .key = "listen_fd",
+                       .detail = "cannot adopt listening socket " +
+                                 std::to_string(options.listen_fd) + ": " + ec.message()});
+      } else {
+        tcp::endpoint ep;
+        if (options.bind_host.empty()) {
+          ep = tcp::endpoint(tcp::v6(), options.port);
+        } else {
+          auto addr = asio::ip::make_address(options.bind_host, ec);
+          if (ec)
+            throw_error(errc::invalid_argument,
+                        {.operation = "tcp_store_server",
+                         .address = options.bind_host,
+                         .detail = "bind_host must be an IP address: " + ec.message()});
+          ep = tcp::endpoint(addr, options.port);
+        }
+        acceptor.open(ep.protocol(), ec);
+        if (ec && options.bind_host.empty()) {  // no IPv6 on this host
+          ep = tcp::endpoint(tcp::v4(), options.port);
+          ec.clear();
+          acceptor.open(ep.protocol(), ec);
+        }
+        if (!ec && ep.protocol() == tcp::v6() && options.bind_host.empty())
+          acceptor.set_option(asio::ip::v6_only(false), ec);
+        if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+        if (!ec) acceptor.bind(ep, ec);
+        if (ec == asio::error::address_in_use)
+          throw_error(errc::address_in_use,
+                      {.operation = "tcp_store_server",
+                       .address = detail::endpoint_address(ep),
+                       .detail = "port " + std::to_string(options.port) +
+                                 " is taken by another process; choose another port "
+                                 "(MASTER_PORT, or the port of the tcp:// URL)"});
+        if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+        if (ec)
+          throw_error(errc::invalid_argument, {.operation = "tcp_store_server",
+                                               .address = detail::endpoint_address(ep),
+                                               .detail = "cannot listen: " + ec.message()});
+      }
+      auto local = acceptor.local_endpoint();
+      port = local.port();
+      address = detail::endpoint_address(local);
+    }
+
+    static detail::tcp::endpoint endpoint_of_fd(int fd) {
+      sockaddr_storage storage{};
+      socklen_t length = sizeof(storage);
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0)
+        throw_error(errc::invalid_argument,
+                    {.operation = "tcp_store_server",
+                     .key = "listen_fd",
+                     .detail = "fd " + std::to_string(fd) + " is not a socket"});
+      detail::tcp::endpoint ep;
+      std::memcpy(ep.data(), &storage, std::min<std::size_t>(length, ep.capacity()));
+      ep.resize(length);
+      return ep;
+    }
+
+    void stop() {
+      asio::post(strand, [self = shared_from_this()] {
+        self->stopped = true;
+        asio::error_code ignored;
+        self->acceptor.close(ignored);
+        for (auto& weak : self->connections)
+          if (auto c = weak.lock()) c->close();
+        self->connections.clear();
+      });
+    }
+
+    static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
+      while (!self->stopped) {
+        asio::error_code ec;
+        auto socket =
+            co_await self->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+        if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) break;
+        if (ec) {
+          // Out of file descriptors and the like: keep serving the others.
+          detail::log(detail::log_level::warning, "tcp_store server accept: " + ec.message());
+          asio::steady_timer pause(self->strand, std::chrono::milliseconds(50));
+          co_await pause.async_wait(asio::use_awaitable);
+          continue;
+        }
+        auto conn = std::make_shared<connection>(std::move(socket), self->options.max_frame_bytes);
+        std::erase_if(self->connections, [](auto& w) { return w.expired(); });
+        self->connections.push_back(conn);
+        asio::co_spawn(self->strand, serve(self, conn), asio::detached);
+      }
+    }
+
+    static asio::awaitable<void> serve(std::shared_ptr<impl> self,
+                                       std::shared_ptr<connection> conn) {
+      std::string peer = "unknown peer";
+      try {
+        peer = detail::endpoint_address(conn->socket().remote_endpoint());
+        conn->socket().set_option(detail::tcp::no_delay(true));
+        detail::handshake_config config{.purpose = std::string(detail::store_purpose),
+                                        .token = self->options.job_token};
+        auto who = co_await detail::server_handshake(
+            conn->socket(), config, peer, clock::now() + self->options.handshake_timeout);
+        if (who.rank >= 0) peer += " (rank " + std::to_string(who.rank) + ")";
+        for (;;) {
+          std::string body = co_await conn->read_frame();
+          handle(self, conn, std::move(body));
+        }
+      } catch (const dcomm::error& e) {
+        if (!self->stopped)
+          detail::log(detail::log_level::warning,
+                      "tcp_store server dropped connection from " + peer + ": " + e.what());
+      } catch (const std::system_error&) {
+        // The client went away; its pending waits end at their deadlines.
+      }
+      conn->close();
+    }
+
+    // Decodes one request; a malformed one throws protocol_error, which
+    // drops this connection only.
+    static void handle(const std::shared_ptr<impl>& self, const std::shared_ptr<connection>& conn,
+                       std::string body) {
+      using detail::store_op;
+      detail::wire_reader in(body);
+      std::uint64_t id = in.u64();
+      auto op = static_cast<store_op>(in.u8());
+      detail::wire_writer out;
+      out.u64(id);
+      auto& table = self->table;
+      try {
+        switch (op) {
+          case store_op::set: {
+            auto key = in.str();
+            auto value = in.str();
+            in.expect_end();
+            table.set(key, std::move(value));
+            out.u8(0);
+            break;
+          }
+          case store_op::get:
+          case store_op::wait: {
+            auto keys = in.strs();
+            auto timeout = std::chrono::milliseconds(in.u64());
+            in.expect_end();
+            asio::co_spawn(self->strand, answer_wait(self, conn, id, op, std::move(keys), timeout),
+                           asio::detached);
+            return;
+          }
+          case store_op::add: {
+            auto key = in.str();
+            auto delta = in.i64();
+            in.expect_end();
+            auto value = table.add(key, delta);
+            out.u8(0).i64(value);
+            break;
+          }
+          case store_op::compare_set: {
+            auto key = in.str();
+            auto expected = in.str();
+            auto desired = in.str();
+            in.expect_end();
+            out.u8(0).str(table.compare_set(key, expected, std::move(desired)));
+            break;
+          }
+          case store_op::check: {
+            auto keys = in.strs();
+            in.expect_end();
+            out.u8(0).u8(table.missing(keys).empty() ? 1 : 0);
+            break;
+          }
+          case store_op::delete_key: {
+            auto key = in.str();
+            in.expect_end();
+            out.u8(0).u8(table.erase(key) ? 1 : 0);
+            break;
+          }
+          case store_op::num_keys:
+            in.expect_end();
+            out.u8(0).i64(table.size());
+            break;
+          default:
+            throw_error(errc::protocol_error,
+                        {.operation = "tcp_store request",
+                         .detail = "unknown operation " + std::to_string(static_cast<int>(op))});
+        }
+      } catch (const dcomm::error& e) {
+        if (e.code() == errc::protocol_error) throw;
+        // A request the store refuses (add on a non-integer): the client
+        // gets the error, the connection stays.
+        detail::wire_writer refusal;
+        refusal.u64(id).u8(static_cast<std::uint8_t>(detail::store_status::error));
+        refusal.u8(static_cast<std::uint8_t>(e.code().value())).str(e.what());
+        conn->send_frame(std::move(refusal.bytes()));
+        return;
+      }
+      conn->send_frame(std::move(out.bytes()));
+    }
+
+    static asio::awaitable<void> answer_wait(std::shared_ptr<impl> self,
+                                             std::shared_ptr<connection> conn, std::uint64_t id,
+                                             detail::store_op op, std::vector<std::string> keys,
+                                             std::chrono::milliseconds timeout) {
+      auto deadline = clock::now() + timeout;
+      detail::wire_writer out;
+      out.u64(id);
+      for (;;) {
+        auto missing = co_await self->table.wait_for(keys, deadline);
+        if (!missing.empty()) {
+          out.u8(static_cast<std::uint8_t>(detail::store_status::timeout)).strs(missing);
+          break;
+        }
+        if (op == detail::store_op::wait) {
+          out.u8(0);
+          break;
+        }
+        if (auto value = self->table.get(keys.front())) {  // deleted again in between?
+          out.u8(0).str(*value);
+          break;
+        }
+      }
+      if (conn->is_open()) conn->send_frame(std::move(out.bytes()));
+    }
+  };
+
+  std::shared_ptr<impl> impl_;
+};
+
+struct tcp_store_options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+  // Host the server in this process (rank 0), listening on port (0: pick
+  // one; read it back with port()) or on listen_fd.
+  bool is_server = false;
+  std::string bind_host = "";  // for the hosted server; see tcp_store_server_options
+  int listen_fd = -1;
+  std::chrono::milliseconds timeout = store::default_timeout;
+  std::string job_token = detail::job_token_from_environment();
+  std::size_t max_frame_bytes = detail::default_max_frame_bytes;
+  int rank = -1;  // ours, for the server's and our own messages
+};
+
+class tcp_store final : public store {
+ public:
+  // A client on `executor` (and the server too when options.is_server). The
+  // connection is made by connect() or by the first operation.
+  static std::shared_ptr<tcp_store> create(asio::any_io_executor executor,
+                                           tcp_store_options options) {
+    return std::shared_ptr<tcp_store>(new tcp_store(std::move(executor), std::move(options), {}));
+  }
+  // The same, with an io thread of its own: for blocking use.
+  static std::shared_ptr<tcp_store> create(tcp_store_options options) {
+    auto thread = std::make_unique<detail::io_thread>();
+    auto executor = thread->get_executor();
+    return std::shared_ptr<tcp_store>(
+        new tcp_store(std::move(executor), std::move(options), std::move(thread)));
+  }
+
+  ~tcp_store() override {
+    // Closing fails the reader, which fails whatever is still pending.
+    if (stream_) asio::post(strand_, [s = stream_] { s->close(); });
+  }
+
+  executor_type get_executor() const override { return strand_; }
+  std::string address() const override { return detail::tcp_address(options_.host, port()); }
+  std::uint16_t port() const noexcept { return server_ ? server_->port() : options_.port; }
+  const tcp_store_server* server() const noexcept { return server_.get(); }
+
+  // Connects (with retries until the store's timeout) and authenticates.
+  template <typename Token = default_token_t>
+  auto connect(Token&& token = {}) {
+    return detail::initiate(strand_, connect_op(shared_self(), clock::now() + timeout()),
+                            std::forward<Token>(token), "tcp_store.connect",
+                            timeout() + detail::blocking_grace);
+  }
+
+  asio::awaitable<void> set_impl(std::string key, std::string value) override {
+    detail::wire_writer w;
+    w.str(key).str(value);
+    co_await request(detail::store_op::set, std::move(w), "tcp_store.set", key,
+                     clock::now() + timeout());
+  }
+  asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) override {
+    std::vector<std::string> keys(1, key);
+    detail::wire_writer w;
+    w.strs(keys).u64(remaining_ms(deadline));
+    auto reply =
+        co_await request(detail::store_op::get, std::move(w), "tcp_store.get", key, deadline);
+    detail::wire_reader r(reply);
+    co_return r.str();
+  }
+  asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
+    detail::wire_writer w;
+    w.str(key).i64(delta);
+    auto reply = co_await request(detail::store_op::add, std::move(w), "tcp_store.add", key,
+                                  clock::now() + timeout());
+    detail::wire_reader r(reply);
+    co_return r.i64();
+  }
+  asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
+                                                std::string desired) override {
+    detail::wire_writer w;
+    w.str(key).str(expected).str(desired);
+    auto reply = co_await request(detail::store_op::compare_set, std::move(w),
+                                  "tcp_store.compare_set", key, clock::now() + timeout());
+    detail::wire_reader r(reply);
+    co_return r.str();
+  }
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
+                                  clock::time_point deadline) override {
+    detail::wire_writer w;
+    w.strs(keys).u64(remaining_ms(deadline));
+    co_await request(detail::store_op::wait, std::move(w), "tcp_store.wait",
+                     detail::join_keys(keys), deadline);
+  }
+  asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
+    detail::wire_writer w;
+    w.strs(keys);
+    auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check",
+                                  detail::join_keys(keys), clock::now() + timeout());
+    co_return detail::wire_reader(reply).u8() != 0;
+  }
+  asio::awaitable<bool> delete_key_impl(std::string key) override {
+    detail::wire_writer w;
+    w.str(key);
+    auto reply = co_await request(detail::store_op::delete_key, std::move(w),
+                                  "tcp_store.delete_key", key, clock::now() + timeout());
+    co_return detail::wire_reader(reply).u8() != 0;
+  }
+  asio::awaitable<std::int64_t> num_keys_impl() override {
+    auto reply = co_await request(detail::store_op::num_keys, detail::wire_writer{},
+                                  "tcp_store.num_keys", "", clock::now() + timeout());
+    co_return detail::wire_reader(reply).i64();
+  }
+
+ private:
+  // How long past a wait's own deadline the client waits for the server's
+  // timeout answer before declaring the server unresponsive.
+  static constexpr auto answer_grace = std::chrono::seconds(5);
+
+  struct pending {
+    explicit pending(const asio::any_io_executor& ex) : timer(ex) {}
+    asio::steady_timer timer;
+    std::optional<std::string> reply;
+    std::exception_ptr failure;
+  };
+
+  tcp_store(asio::any_io_executor executor, tcp_store_options options,
+            std::unique_ptr<detail::io_thread> thread)
+      : store(options.timeout),
+        thread_(std::move(thread)),
+        strand_(asio::make_strand(executor)),
+        options_(std::move(options)) {
+    detail::require_crypto_for(options_.job_token, "tcp_store");
+    if (options_.is_server)
+      server_ = tcp_store_server::start(executor, {.bind_host = options_.bind_host,
+                                                   .port = options_.port,
+                                                   .listen_fd = options_.listen_fd,
+                                                   .job_token = options_.job_token,
+                                                   .max_frame_bytes = options_.max_frame_bytes});
+  }
+
+  std::shared_ptr<tcp_store> shared_self() {
+    return std::static_pointer_cast<tcp_store>(shared_from_this());
+  }
+
+  static std::uint64_t remaining_ms(clock::time_point deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(left.count(), 0));
+  }
+
+  error_context context(std::string operation, std::string key = {}) const {
+    return {.operation = std::move(operation),
+            .rank = options_.rank >= 0 ? std::optional<int>(options_.rank) : std::nullopt,
+            .key = std::move(key),
+            .address = address()};
+  }
+
+  static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
+                                          clock::time_point deadline) {
+    co_await self->ensure_connected(deadline);
+  }
+
+  asio::awaitable<void> ensure_connected(clock::time_point deadline) {
+    if (stream_) co_return;
+    if (lost_) std::rethrow_exception(lost_);
+    if (connecting_) {
+      // Someone else is connecting: wait for them (woken by cancel).
+      auto waiter = std::make_shared<asio::steady_timer>(strand_, deadline);
+      connect_waiters_.push_back(waiter);
+      asio::error_code ec;
+      co_await waiter->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (stream_) co_return;
+      if (lost_) std::rethrow_exception(lost_);
+      throw error(errc::connect_failed, context("tcp_store.connect"));
+    }
+    connecting_ = true;
+    try {
+      auto socket =
+          co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
+      detail::handshake_config config{.purpose = std::string(detail::store_purpose),
+                                      .token = options_.job_token,
+                                      .rank = options_.rank};
+      co_await detail::client_handshake(socket, config, address(), deadline);
+      stream_ = std::make_shared<detail::frame_stream>(std::move(socket), options_.max_frame_bytes);
+      asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
+                     asio::detached);
+    } catch (...) {
+      connecting_ = false;
+      for (auto& w : connect_waiters_) w->cancel();
+      connect_waiters_.clear();
+      throw;
+    }
+    connecting_ = false;
+    for (auto& w : connect_waiters_) w->cancel();
+    connect_waiters_.clear();
+  }
+
+  // Holds the store weakly: a store nobody uses any more must be able to die
+  // (its destructor closes the stream, which ends this loop).
+  static asio::awaitable<void> read_loop(std::weak_ptr<tcp_store> weak,
+                                         std::shared_ptr<detail::frame_stream> stream) {
+    std::exception_ptr failure;
+    try {
+      for (;;) {
+        std::string body = co_await stream->read_frame();
+        auto self = weak.lock();
+        if (!self) co_return;
+        detail::wire_reader r(body);
+        std::uint64_t id = r.u64();
+        auto it = self->pending_.find(id);
+        if (it == self->pending_.end()) continue;  // its caller already gave up
+        it->second->reply = std::string(r.raw(body.size() - 8));
+        it->second->timer.cancel();
+      }
+    } catch (const dcomm::error& e) {
+      failure = std::make_exception_ptr(error(
+          errc::protocol_error, {.operation = "tcp_store",
+                                 .detail = std::string("bad reply from the server: ") + e.what()}));
+    } catch (const std::system_error& e) {
+      failure = std::make_exception_ptr(
+          error(errc::peer_lost,
+                {.operation = "tcp_store",
+                 .detail = "connection to the store server lost: " + e.code().message()}));
+    }
+    stream->close();
+    auto self = weak.lock();
+    if (!self) co_return;
+    if (self->stream_ == stream) self->stream_.reset();
+    // Rebuild with this store's rank and address for the message.
+    try {
+      std::rethrow_exception(failure);
+    } catch (const dcomm::error& e) {
+      auto ctx = self->context(e.context().operation);
+      ctx.detail = e.context().detail;
+      failure = std::make_exception_ptr(error(e.code(), ctx));
+    }
+    self->lost_ = failure;
+    for (auto& [id, p] : self->pending_) {
+      p->failure = failure;
+      p->timer.cancel();
+    }
+  }
+
+  // Sends one request and waits for its reply (status byte stripped).
+  asio::awaitable<std::string> request(detail::store_op op, detail::wire_writer args,
+                                       std::string operation, std::string key,
+                                       clock::time_point deadline) {
+    co_await ensure_connected(deadline);
+    if (!stream_) std::rethrow_exception(lost_);
+    std::uint64_t id = next_id_++;
+    auto p = std::make_shared<pending>(strand_);
+    p->timer.expires_at(deadline + answer_grace);
+    pending_.emplace(id, p);
+    detail::wire_writer body;
+    body.u64(id).u8(static_cast<std::uint8_t>(op)).raw(args.bytes());
+    stream_->send_frame(std::move(body.bytes()));
+    asio::error_code ec;
+    co_await p->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    pending_.erase(id);
+    if (p->failure) std::rethrow_exception(p->failure);
+    if (!p->reply) {
+      auto ctx = context(operation, key);
+      ctx.detail = "the store server did not answer by the deadline";
+      throw error(errc::timeout, ctx);
+    }
+    detail::wire_reader r(*p->reply);
+    auto status = static_cast<detail::store_status>(r.u8());
+    std::string rest(r.raw(p->reply->size() - 1));
+    if (status == detail::store_status::ok) co_return rest;
+    detail::wire_reader detail_reader(rest);
+    if (status == detail::store_status::timeout) {
+      auto ctx = context(operation, detail::join_keys(detail_reader.strs()));
+      ctx.detail = "keys still missing at the deadline";
+      throw error(errc::timeout, ctx);
+    }
+    auto code = static_cast<errc>(detail_reader.u8());
+    auto ctx = context(operation, key);
+    ctx.detail = "the server refused: " + detail_reader.str();
+    throw error(code, ctx);
+  }
+
+  std::unique_ptr<detail::io_thread> thread_;  // first: destroyed last
+  asio::strand<asio::any_io_executor> strand_;
+  tcp_store_options options_;
+  std::unique_ptr<tcp_store_server> server_;
+  std::shared_ptr<detail::frame_stream> stream_;
+  std::exception_ptr lost_;
+  bool connecting_ = false;
+  std::vector<std::shared_ptr<asio::steady_timer>> connect_waiters_;
+  std::map<std::uint64_t, std::shared_ptr<pending>> pending_;
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace dcomm
