@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <exception>
 #include <future>
 #include <memory>
@@ -35,6 +36,11 @@ struct blocking_t {
 inline constexpr blocking_t blocking{};
 
 using default_token_t = asio::use_awaitable_t<>;
+
+// What an operation completing with T... accepts as its last argument.
+template <typename Token, typename... Ts>
+concept completion_token_for = std::same_as<std::decay_t<Token>, blocking_t> ||
+    asio::completion_token_for<Token, void(std::exception_ptr, Ts...)>;
 
 namespace detail {
 

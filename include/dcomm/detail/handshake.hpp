@@ -31,9 +31,9 @@ inline constexpr std::uint16_t protocol_version = 1;
 inline constexpr std::size_t max_purpose_length = 64;
 
 struct handshake_config {
-  std::string purpose;  // "store", "tcp_backend", ...
-  std::string token;    // empty: no authentication
-  int rank = -1;        // ours, for the peer's messages
+  std::string purpose{};  // "store", "tcp_backend", ...
+  std::string token{};    // empty: no authentication
+  int rank = -1;          // ours, for the peer's messages
 };
 
 namespace handshake_detail {
@@ -145,7 +145,7 @@ inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handsha
 
 struct handshake_peer {
   int rank = -1;
-  std::string purpose;
+  std::string purpose{};
 };
 
 // Server side. On refusal it tells the client why, then throws auth_failed

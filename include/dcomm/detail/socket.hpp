@@ -26,15 +26,22 @@ inline std::string endpoint_address(const tcp::endpoint& ep) {
 }
 
 // Runs op, failing with errc::timeout naming `operation` if the deadline
-// passes first (the op is cancelled).
+// passes first (the op is then cancelled). Not awaitable_operators' `||`:
+// that waits for the first op to *succeed*, so a failing op would be reported
+// as a timeout, and only at the deadline.
 template <typename T>
 asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadline,
                                  error_context on_timeout) {
-  using namespace asio::experimental::awaitable_operators;
-  asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
-  auto result = co_await (std::move(op) || timer.async_wait(asio::use_awaitable));
-  if (result.index() == 1) throw_error(errc::timeout, std::move(on_timeout));
-  if constexpr (!std::is_void_v<T>) co_return std::move(std::get<0>(result));
+  namespace ex = asio::experimental;
+  auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor, deadline);
+  auto results = co_await ex::make_parallel_group(
+                     asio::co_spawn(executor, std::move(op), ex::deferred),
+                     timer.async_wait(ex::deferred))
+                     .async_wait(ex::wait_for_one(), asio::use_awaitable);
+  if (std::get<0>(results)[0] != 0) throw_error(errc::timeout, std::move(on_timeout));
+  if (auto& failure = std::get<1>(results)) std::rethrow_exception(failure);
+  if constexpr (!std::is_void_v<T>) co_return std::move(std::get<2>(results));
 }
 
 // Connects to host:port, retrying with backoff until the deadline: the

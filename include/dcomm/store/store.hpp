@@ -39,17 +39,17 @@ class store : public std::enable_shared_from_this<store> {
   void set_timeout(duration t) noexcept { timeout_ = t; }
 
   // Sets key to value, waking everyone waiting for it.
-  template <typename Token = default_token_t>
+  template <completion_token_for Token = default_token_t>
   auto set(std::string key, std::string value, Token&& token = {}) {
     return run(set_impl(std::move(key), std::move(value)), std::forward<Token>(token), "set");
   }
 
   // The value of key, waiting until it exists (at most `timeout`).
-  template <typename Token = default_token_t>
+  template <completion_token_for<std::string> Token = default_token_t>
   auto get(std::string key, Token&& token = {}) {
     return get(std::move(key), timeout_, std::forward<Token>(token));
   }
-  template <typename Token = default_token_t>
+  template <completion_token_for<std::string> Token = default_token_t>
   auto get(std::string key, duration timeout, Token&& token = {}) {
     return run(get_impl(std::move(key), clock::now() + timeout), std::forward<Token>(token), "get",
                timeout);
@@ -57,43 +57,43 @@ class store : public std::enable_shared_from_this<store> {
 
   // Atomically adds delta to the integer stored at key (0 if missing) and
   // returns the new value. Values are decimal text, as in c10d.
-  template <typename Token = default_token_t>
+  template <completion_token_for<std::int64_t> Token = default_token_t>
   auto add(std::string key, std::int64_t delta, Token&& token = {}) {
     return run(add_impl(std::move(key), delta), std::forward<Token>(token), "add");
   }
 
   // If key holds `expected` (or is missing and `expected` is empty), sets it
   // to `desired`. Returns the value the key holds afterwards.
-  template <typename Token = default_token_t>
+  template <completion_token_for<std::string> Token = default_token_t>
   auto compare_set(std::string key, std::string expected, std::string desired, Token&& token = {}) {
     return run(compare_set_impl(std::move(key), std::move(expected), std::move(desired)),
                std::forward<Token>(token), "compare_set");
   }
 
   // Waits until every key exists.
-  template <typename Token = default_token_t>
+  template <completion_token_for Token = default_token_t>
   auto wait(std::vector<std::string> keys, Token&& token = {}) {
     return wait(std::move(keys), timeout_, std::forward<Token>(token));
   }
-  template <typename Token = default_token_t>
+  template <completion_token_for Token = default_token_t>
   auto wait(std::vector<std::string> keys, duration timeout, Token&& token = {}) {
     return run(wait_impl(std::move(keys), clock::now() + timeout), std::forward<Token>(token),
                "wait", timeout);
   }
 
   // Whether every key exists, without waiting.
-  template <typename Token = default_token_t>
+  template <completion_token_for<bool> Token = default_token_t>
   auto check(std::vector<std::string> keys, Token&& token = {}) {
     return run(check_impl(std::move(keys)), std::forward<Token>(token), "check");
   }
 
   // Removes key; returns whether it existed.
-  template <typename Token = default_token_t>
+  template <completion_token_for<bool> Token = default_token_t>
   auto delete_key(std::string key, Token&& token = {}) {
     return run(delete_key_impl(std::move(key)), std::forward<Token>(token), "delete_key");
   }
 
-  template <typename Token = default_token_t>
+  template <completion_token_for<std::int64_t> Token = default_token_t>
   auto num_keys(Token&& token = {}) {
     return run(num_keys_impl(), std::forward<Token>(token), "num_keys");
   }

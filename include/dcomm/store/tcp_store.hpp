@@ -442,7 +442,7 @@ class tcp_store final : public store {
   const tcp_store_server* server() const noexcept { return server_.get(); }
 
   // Connects (with retries until the store's timeout) and authenticates.
-  template <typename Token = default_token_t>
+  template <completion_token_for Token = default_token_t>
   auto connect(Token&& token = {}) {
     return detail::initiate(strand_, connect_op(shared_self(), clock::now() + timeout()),
                             std::forward<Token>(token), "tcp_store.connect",
