@@ -1,0 +1,255 @@
+// Rendezvous: every rank of a job finds the others through a store named by
+// an init_method URL (env://, tcp://host:port, file:///path), as
+// torch.distributed.init_process_group does.
+//
+// On the store, under "dcomm/rdzv/":
+//   rank/<r>/joins   add 1: more than 1 means two processes claim rank r
+//   world_size       compare_set: every rank must agree with the first
+//   rank/<r>/present set once rank r has joined; everyone waits for all
+// While waiting, the ranks still missing are reported every
+// progress_interval; at the deadline the error names them.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dcomm/completion.hpp"
+#include "dcomm/detail/log.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/init_method.hpp"
+#include "dcomm/store/file_store.hpp"
+#include "dcomm/store/store.hpp"
+#include "dcomm/store/tcp_store.hpp"
+
+namespace dcomm {
+
+struct rendezvous_options {
+  std::string init_method = "env://";
+  std::optional<int> rank{};
+  std::optional<int> world_size{};
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds progress_interval = std::chrono::seconds(10);
+  // Called with each progress line; default: logged as a warning to stderr.
+  std::function<void(std::string_view)> on_progress{};
+  std::string job_token = detail::job_token_from_environment();
+  // Where rank 0's store server listens; empty: every interface.
+  std::string bind_host = "";
+  // Environment to read (tests inject one); default: the process's.
+  env_lookup env = process_environment();
+};
+
+struct rendezvous_result {
+  std::shared_ptr<dcomm::store> store{};
+  int rank = -1;
+  int world_size = -1;
+  std::optional<int> local_rank{};
+  std::optional<int> local_world_size{};
+  init_spec spec{};
+};
+
+namespace detail {
+
+// "{1-3,7}" for messages, shortened for large worlds.
+inline std::string format_ranks(const std::vector<int>& ranks) {
+  std::string out = "{";
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (shown++ == 16) {
+      out += ",... " + std::to_string(ranks.size() - i) + " more";
+      break;
+    }
+    if (i > 0) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out + "}";
+}
+
+inline std::string rdzv_key(int rank, std::string_view what) {
+  return "dcomm/rdzv/rank/" + std::to_string(rank) + "/" + std::string(what);
+}
+
+inline std::string whoami() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + " pid " + std::to_string(::getpid());
+}
+
+// The protocol, on any store (thread worlds pass a shared hash_store).
+inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int world_size,
+                                        std::string address, const rendezvous_options& options) {
+  const auto start = clock::now();
+  const auto deadline = start + options.timeout;
+  auto fail = [&](errc code, std::string detail, std::string peers = {}) {
+    throw_error(code, {.operation = "rendezvous",
+                       .rank = rank,
+                       .peers = std::move(peers),
+                       .address = address,
+                       .detail = std::move(detail)});
+  };
+
+  auto joins = co_await s->add_impl(rdzv_key(rank, "joins"), 1);
+  if (joins > 1)
+    fail(errc::mismatch, "rank " + std::to_string(rank) +
+                             " is claimed by more than one process (a rank given twice, or a "
+                             "stale store left by an earlier job at this address)");
+  auto agreed =
+      co_await s->compare_set_impl("dcomm/rdzv/world_size", "", std::to_string(world_size));
+  if (agreed != std::to_string(world_size))
+    fail(errc::mismatch, "ranks disagree on the world size: this rank says " +
+                             std::to_string(world_size) + ", an earlier rank said " + agreed);
+  co_await s->set_impl(rdzv_key(rank, "present"), whoami());
+
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) missing.push_back(r);
+  for (;;) {
+    std::vector<std::string> keys;
+    for (int r : missing) keys.push_back(rdzv_key(r, "present"));
+    auto slice_end = std::min(deadline, clock::now() + options.progress_interval);
+    try {
+      co_await s->wait_impl(keys, slice_end);
+      break;
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+    }
+    std::vector<int> still;
+    for (int r : missing) {
+      std::vector<std::string> one(1, rdzv_key(r, "present"));
+      if (!co_await s->check_impl(one)) still.push_back(r);
+    }
+    missing = std::move(still);
+    if (missing.empty()) break;
+    using std::chrono::duration_cast;
+    using std::chrono::seconds;
+    if (clock::now() >= deadline)
+      fail(errc::timeout,
+           "ranks still missing after " +
+               std::to_string(duration_cast<seconds>(options.timeout).count()) +
+               " s; every rank must start with the same init_method and world size " +
+               std::to_string(world_size),
+           "ranks " + format_ranks(missing));
+    auto line = "rank " + std::to_string(rank) + " waiting for ranks " + format_ranks(missing) +
+                " at " + address + ", " +
+                std::to_string(duration_cast<seconds>(clock::now() - start).count()) + " s of " +
+                std::to_string(duration_cast<seconds>(options.timeout).count()) + " s";
+    if (options.on_progress)
+      options.on_progress(line);
+    else
+      log(log_level::warning, line);
+  }
+  // A duplicate that joined after us is only visible now.
+  if (std::stoll(co_await s->get_impl(rdzv_key(rank, "joins"), deadline)) > 1)
+    fail(errc::mismatch, "rank " + std::to_string(rank) + " is claimed by more than one process");
+}
+
+inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor executor,
+                                                        rendezvous_options options) {
+  // Bad input fails here, before any socket or file is touched.
+  init_spec spec =
+      parse_init_method(options.init_method, options.rank, options.world_size, options.env);
+  rendezvous_result result{.rank = spec.rank,
+                           .world_size = spec.world_size,
+                           .local_rank = spec.local_rank,
+                           .local_world_size = spec.local_world_size,
+                           .spec = spec};
+  if (spec.kind == init_kind::file) {
+    result.store = file_store::create(executor, spec.path, spec.world_size, options.timeout);
+  } else {
+    bool host_server = spec.rank == 0;
+    int listen_fd = -1;
+    // A launcher that bound the port for rank 0 passes the socket down.
+    if (auto fd = options.env("DCOMM_MASTER_LISTEN_FD"); fd && host_server) {
+      try {
+        listen_fd = std::stoi(*fd);
+      } catch (const std::exception&) {
+        throw_error(errc::invalid_argument, {.operation = "rendezvous",
+                                             .key = "DCOMM_MASTER_LISTEN_FD",
+                                             .seen = "'" + *fd + "'",
+                                             .detail = "must be a file descriptor number"});
+      }
+    }
+    try {
+      result.store = tcp_store::create(executor, {.host = spec.host,
+                                                  .port = spec.port,
+                                                  .is_server = host_server,
+                                                  .bind_host = options.bind_host,
+                                                  .listen_fd = listen_fd,
+                                                  .timeout = options.timeout,
+                                                  .job_token = options.job_token,
+                                                  .rank = spec.rank});
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::address_in_use) throw;
+      auto ctx = e.context();
+      ctx.operation = "rendezvous";
+      ctx.rank = spec.rank;
+      ctx.detail =
+          "rank 0 cannot listen on port " + std::to_string(spec.port) +
+          ": another process holds it; choose another " +
+          (spec.kind == init_kind::env ? std::string("MASTER_PORT") : "port in " + spec.address());
+      throw error(e.code(), ctx);
+    }
+  }
+  co_await join_world(result.store, spec.rank, spec.world_size, spec.address(), options);
+  co_return result;
+}
+
+}  // namespace detail
+
+// Joins the job described by options.init_method; the store it returns is
+// served by rank 0 (tcp) or lives in a file (file://). Its operations run on
+// `executor`.
+template <completion_token_for<rendezvous_result> Token = default_token_t>
+auto rendezvous(asio::any_io_executor executor, rendezvous_options options, Token&& token = {}) {
+  auto limit = options.timeout + detail::blocking_grace;
+  return detail::initiate(executor, detail::rendezvous_op(executor, std::move(options)),
+                          std::forward<Token>(token), "rendezvous", limit);
+}
+
+// Blocking rendezvous on a store with an io thread of its own, for code
+// outside coroutines: auto world = dcomm::rendezvous({.init_method = "env://"});
+inline rendezvous_result rendezvous(rendezvous_options options) {
+  auto thread = std::make_shared<detail::io_thread>();
+  auto result = rendezvous(thread->get_executor(), std::move(options), blocking);
+  // The store keeps the thread that runs it.
+  result.store =
+      std::shared_ptr<store>(result.store.get(), [keep = result.store, thread](store*) mutable {
+        keep.reset();
+        thread.reset();
+      });
+  return result;
+}
+
+// The same protocol on a store the caller already has (thread worlds).
+template <completion_token_for Token = default_token_t>
+auto rendezvous(std::shared_ptr<store> s, int rank, int world_size, rendezvous_options options = {},
+                Token&& token = {}) {
+  if (world_size <= 0 || rank < 0 || rank >= world_size)
+    throw_error(errc::invalid_argument, {.operation = "rendezvous",
+                                         .expected = "0 <= rank < world_size",
+                                         .seen = "rank " + std::to_string(rank) + ", world size " +
+                                                 std::to_string(world_size)});
+  auto executor = s->get_executor();
+  auto address = s->address();
+  auto limit = options.timeout + detail::blocking_grace;
+  return detail::initiate(
+      executor,
+      [](std::shared_ptr<store> s, int rank, int world, std::string address,
+         rendezvous_options options) -> asio::awaitable<void> {
+        co_await detail::join_world(std::move(s), rank, world, std::move(address), options);
+      }(std::move(s), rank, world_size, std::move(address), std::move(options)),
+      std::forward<Token>(token), "rendezvous", limit);
+}
+
+}  // namespace dcomm

@@ -1,0 +1,324 @@
+// Rendezvous through every init method and launcher family, in real
+// processes, and the failures a user must get instead of a hang.
+#include "dcomm/rendezvous.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/deadline.hpp"
+#include "support/fork_world.hpp"
+#include "support/store_world.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::errc;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+dcomm::env_lookup env_of(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// Port 0 bound before fork; rank 0 adopts the socket through
+// DCOMM_MASTER_LISTEN_FD, the others connect to the port.
+struct listening_socket {
+  explicit listening_socket(const char* host = "127.0.0.1") {
+    auto address = asio::ip::make_address(host);
+    acceptor.open(asio::ip::tcp::endpoint(address, 0).protocol());
+    acceptor.bind({address, 0});
+    acceptor.listen();
+    port = acceptor.local_endpoint().port();
+  }
+  int fd() { return acceptor.native_handle(); }
+  asio::io_context ctx;
+  asio::ip::tcp::acceptor acceptor{ctx};
+  std::uint16_t port = 0;
+};
+
+// After rendezvous every rank adds its rank; all must see the full sum, and
+// rank 0 (which may host the store) leaves last.
+int check_world(dcomm::rendezvous_result& world, int expected_rank, int expected_size) {
+  auto& s = *world.store;
+  if (world.rank != expected_rank || world.world_size != expected_size) return 10;
+  s.add("sum", world.rank, dcomm::blocking);
+  s.add("arrived", 1, dcomm::blocking);
+  while (std::stoi(s.get("arrived", dcomm::blocking)) < expected_size)
+    std::this_thread::sleep_for(1ms);
+  int sum = std::stoi(s.get("sum", dcomm::blocking));
+  if (sum != expected_size * (expected_size - 1) / 2) return 11;
+  if (world.rank != 0) {
+    s.set("departed/" + std::to_string(world.rank), "1", dcomm::blocking);
+  } else {
+    std::vector<std::string> all;
+    for (int r = 1; r < expected_size; ++r) all.push_back("departed/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);
+  }
+  return 0;
+}
+
+void require_all_ok(const std::vector<dcomm::test::child_result>& results) {
+  for (const auto& r : results) CHECK_MESSAGE(r.ok(), dcomm::test::describe(results));
+}
+
+}  // namespace
+
+TEST_CASE("env:// with every launcher family, in real processes") {
+  DCOMM_TEST_DEADLINE(120s);
+  struct family {
+    const char* name;
+    const char* rank_var;
+    const char* size_var;
+    const char* local_rank_var;
+  };
+  const family families[] = {
+      {"RANK/WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+      {"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+      {"MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+      {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+  };
+  for (const auto& f : families) {
+    CAPTURE(f.name);
+    constexpr int n = 4;
+    listening_socket ls;
+    auto results = dcomm::test::fork_world(n, 60s, [&](int rank) {
+      std::map<std::string, std::string> vars = {
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(ls.port)},
+          {f.rank_var, std::to_string(rank)},
+          {f.size_var, std::to_string(n)},
+          {f.local_rank_var, std::to_string(rank)},
+      };
+      if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls.fd());
+      auto world = dcomm::rendezvous({.init_method = "env://", .env = env_of(vars)});
+      if (world.spec.launcher != f.name) return 20;
+      if (world.local_rank != rank) return 21;
+      return check_world(world, rank, n);
+    });
+    require_all_ok(results);
+  }
+}
+
+TEST_CASE("tcp:// with rank and world size in code or in the query string") {
+  DCOMM_TEST_DEADLINE(60s);
+  constexpr int n = 3;
+  listening_socket ls;
+  auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+    std::map<std::string, std::string> vars;
+    if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls.fd());
+    std::string url = "tcp://127.0.0.1:" + std::to_string(ls.port);
+    dcomm::rendezvous_options options{.env = env_of(vars)};
+    if (rank == 1) {  // this one reads them from the URL
+      options.init_method = url + "?rank=1&world_size=" + std::to_string(n);
+    } else {
+      options.init_method = url;
+      options.rank = rank;
+      options.world_size = n;
+    }
+    auto world = dcomm::rendezvous(options);
+    return check_world(world, rank, n);
+  });
+  require_all_ok(results);
+}
+
+TEST_CASE("tcp:// over IPv6") {
+  DCOMM_TEST_DEADLINE(60s);
+  std::unique_ptr<listening_socket> ls;
+  try {
+    ls = std::make_unique<listening_socket>("::1");
+  } catch (const std::system_error& e) {
+    MESSAGE("skipped: no IPv6 loopback here (" << e.what() << ")");
+    return;
+  }
+  constexpr int n = 2;
+  auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+    std::map<std::string, std::string> vars;
+    if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls->fd());
+    auto world = dcomm::rendezvous({.init_method = "tcp://[::1]:" + std::to_string(ls->port),
+                                    .rank = rank,
+                                    .world_size = n,
+                                    .env = env_of(vars)});
+    if (world.store->address().find("[::1]") == std::string::npos) return 30;
+    return check_world(world, rank, n);
+  });
+  require_all_ok(results);
+}
+
+TEST_CASE("file:// in real processes; the file is gone after a clean end") {
+  DCOMM_TEST_DEADLINE(60s);
+  dcomm::test::temp_dir dir;
+  std::string path = dir.path + "/rendezvous";
+  constexpr int n = 3;
+  auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+    auto world = dcomm::rendezvous(
+        {.init_method = "file://" + path, .rank = rank, .world_size = n, .env = env_of({})});
+    return check_world(world, rank, n);
+  });
+  require_all_ok(results);
+  CHECK_FALSE(std::filesystem::exists(path));
+}
+
+TEST_CASE("a thread world over one hash_store, and a world of one") {
+  DCOMM_TEST_DEADLINE(30s);
+  for (int n : {1, 5}) {
+    CAPTURE(n);
+    dcomm::test::hash_world world;
+    std::vector<std::string> failures;
+    std::mutex m;
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        dcomm::detail::io_thread io;
+        try {
+          dcomm::rendezvous(world.handle(io.get_executor()), r, n, {}, dcomm::blocking);
+        } catch (const std::exception& e) {
+          std::lock_guard lock(m);
+          failures.push_back(e.what());
+        }
+      });
+    ranks.clear();
+    CHECK_MESSAGE(failures.empty(), (failures.empty() ? "" : failures.front()));
+  }
+}
+
+TEST_CASE("missing ranks are reported while waiting and named at the deadline") {
+  DCOMM_TEST_DEADLINE(30s);
+  dcomm::test::hash_world world;
+  std::vector<std::string> progress;
+  std::mutex m;
+  std::vector<std::string> errors(3);
+  std::vector<std::jthread> ranks;
+  for (int r : {0, 2})  // rank 1 never comes
+    ranks.emplace_back([&, r] {
+      dcomm::detail::io_thread io;
+      try {
+        dcomm::rendezvous(world.handle(io.get_executor()), r, 3,
+                          {.timeout = 1500ms,
+                           .progress_interval = 300ms,
+                           .on_progress =
+                               [&](std::string_view line) {
+                                 std::lock_guard lock(m);
+                                 progress.emplace_back(line);
+                               }},
+                          dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::lock_guard lock(m);
+        errors[static_cast<std::size_t>(r)] =
+            std::string(e.what()) + " [" + e.code().message() + "]";
+      }
+    });
+  ranks.clear();
+  for (int r : {0, 2}) {
+    const auto& what = errors[static_cast<std::size_t>(r)];
+    CHECK(contains(what, "timed out in rendezvous"));
+    CHECK(contains(what, "ranks {1}"));
+    CHECK(contains(what, "rank " + std::to_string(r)));
+  }
+  REQUIRE_FALSE(progress.empty());
+  CHECK(contains(progress.front(), "waiting for ranks {1} at hash_store"));
+  CHECK(contains(progress.front(), "of 1 s"));
+}
+
+TEST_CASE("ranks that disagree on the world size, or share a rank, fail instead of hanging") {
+  DCOMM_TEST_DEADLINE(30s);
+  auto run_two = [](int rank_a, int size_a, int rank_b, int size_b) {
+    dcomm::test::hash_world world;
+    std::vector<std::string> errors(2);
+    {
+      std::vector<std::jthread> ranks;
+      int spec[2][2] = {{rank_a, size_a}, {rank_b, size_b}};
+      for (int i = 0; i < 2; ++i)
+        ranks.emplace_back([&, i] {
+          dcomm::detail::io_thread io;
+          try {
+            dcomm::rendezvous(world.handle(io.get_executor()), spec[i][0], spec[i][1],
+                              {.timeout = 1s}, dcomm::blocking);
+          } catch (const dcomm::error& e) {
+            errors[static_cast<std::size_t>(i)] = e.what();
+          }
+        });
+    }
+    return errors;
+  };
+  SUBCASE("world size") {
+    auto errors = run_two(0, 2, 1, 3);
+    bool named = contains(errors[0] + errors[1], "disagree on the world size");
+    CHECK(named);
+    CHECK(contains(errors[0] + errors[1], "mismatch"));
+  }
+  SUBCASE("the same rank twice") {
+    auto errors = run_two(0, 2, 0, 2);
+    CHECK(contains(errors[0] + errors[1], "claimed by more than one process"));
+    // Neither may think the world formed: rank 1 never came.
+    CHECK_FALSE(errors[0].empty());
+    CHECK_FALSE(errors[1].empty());
+  }
+}
+
+TEST_CASE("bad input fails before anything is bound or connected") {
+  DCOMM_TEST_DEADLINE(30s);
+  auto error_of = [](dcomm::rendezvous_options options) -> std::string {
+    try {
+      dcomm::rendezvous(std::move(options));
+    } catch (const dcomm::error& e) {
+      return std::string(e.what()) + " [" + e.code().message() + "]";
+    }
+    return "no error";
+  };
+  auto what = error_of(
+      {.init_method = "env://", .env = env_of({{"MASTER_ADDR", "127.0.0.1"}, {"RANK", "0"}})});
+  CHECK(contains(what, "MASTER_PORT"));
+  what = error_of({.init_method = "env://",
+                   .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", "29500"},
+                                  {"RANK", "4"},
+                                  {"WORLD_SIZE", "4"}})});
+  CHECK(contains(what, "invalid argument"));
+  CHECK(contains(what, "4"));
+  what = error_of({.init_method = "tcp://127.0.0.1", .rank = 0, .world_size = 1});
+  CHECK(contains(what, "port"));
+  what = error_of({.init_method = "udp://x:1", .rank = 0, .world_size = 1});
+  CHECK(contains(what, "invalid argument"));
+  what = error_of({.init_method = "file://relative/path", .rank = 0, .world_size = 1});
+  CHECK(contains(what, "invalid argument"));
+  what = error_of({.init_method = "env://",
+                   .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", "29500"},
+                                  {"RANK", "0"},
+                                  {"WORLD_SIZE", "1"},
+                                  {"DCOMM_MASTER_LISTEN_FD", "x"}})});
+  CHECK(contains(what, "DCOMM_MASTER_LISTEN_FD"));
+}
+
+TEST_CASE("a port already in use is named, with the variable to change") {
+  DCOMM_TEST_DEADLINE(30s);
+  listening_socket taken;
+  auto what = [&]() -> std::string {
+    try {
+      dcomm::rendezvous({.init_method = "env://",
+                         .bind_host = "127.0.0.1",
+                         .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
+                                        {"MASTER_PORT", std::to_string(taken.port)},
+                                        {"RANK", "0"},
+                                        {"WORLD_SIZE", "1"}})});
+    } catch (const dcomm::error& e) {
+      CHECK(e.code() == errc::address_in_use);
+      return e.what();
+    }
+    return "no error";
+  }();
+  CHECK(contains(what, std::to_string(taken.port)));
+  CHECK(contains(what, "MASTER_PORT"));
+}

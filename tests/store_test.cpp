@@ -1,0 +1,599 @@
+// The store contract, run against every store, and what only tcp_store has:
+// many processes, misbehaving clients, a dying server, job tokens.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/deadline.hpp"
+#include "support/fork_world.hpp"
+#include "support/store_world.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::errc;
+
+namespace {
+
+// Runs fn(error) expecting a dcomm::error with `code`; returns its message.
+template <typename F>
+std::string expect_error(errc code, F&& fn) {
+  try {
+    fn();
+  } catch (const dcomm::error& e) {
+    CHECK_MESSAGE(e.code() == code, e.what());
+    return e.what();
+  }
+  FAIL("expected a dcomm::error: " << dcomm::make_error_code(code).message());
+  return {};
+}
+
+// g++ 12 cannot compile a braced list inside a co_await expression, so the
+// coroutines below build key lists with this.
+template <typename... K>
+std::vector<std::string> keys(K... k) {
+  return {std::string(k)...};
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The contract every store keeps, exercised through one handle with
+// co_await, and through a second handle on another thread.
+void check_store_contract(dcomm::test::store_world& world) {
+  asio::io_context ctx;
+  auto s = world.handle(ctx.get_executor());
+
+  SUBCASE("set and get, binary values, overwrite") {
+    std::string binary("a\0b\xff", 4);
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      co_await s->set("k", "v1");
+      CHECK(co_await s->get("k") == "v1");
+      co_await s->set("k", binary);
+      CHECK(co_await s->get("k") == binary);
+      co_await s->set("empty", "");
+      CHECK(co_await s->get("empty") == "");
+      std::string big(1 << 20, 'x');
+      co_await s->set("big", big);
+      CHECK(co_await s->get("big") == big);
+    }());
+  }
+
+  SUBCASE("add counts from zero, wraps, refuses non-integers") {
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      CHECK(co_await s->add("n", 5) == 5);
+      CHECK(co_await s->add("n", -7) == -2);
+      CHECK(co_await s->get("n") == "-2");
+      CHECK(co_await s->add("n", 0) == -2);
+      co_await s->set("max", std::to_string(INT64_MAX));
+      CHECK(co_await s->add("max", 1) == INT64_MIN);
+      co_await s->set("text", "abc");
+    }());
+    auto what =
+        expect_error(errc::invalid_argument, [&] { dcomm::sync_wait(ctx, s->add("text", 1)); });
+    CHECK(contains(what, "text"));
+  }
+
+  SUBCASE("compare_set follows c10d") {
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      // Missing key, expected non-empty: nothing set, expected returned.
+      CHECK(co_await s->compare_set("c", "x", "y") == "x");
+      CHECK_FALSE(co_await s->check(keys("c")));
+      // Missing key, expected empty: set.
+      CHECK(co_await s->compare_set("c", "", "first") == "first");
+      // Match: replaced.
+      CHECK(co_await s->compare_set("c", "first", "second") == "second");
+      // Mismatch: current value returned, unchanged.
+      CHECK(co_await s->compare_set("c", "nope", "third") == "second");
+      CHECK(co_await s->get("c") == "second");
+    }());
+  }
+
+  SUBCASE("check, delete_key, num_keys") {
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      auto before = co_await s->num_keys();
+      co_await s->set("a", "1");
+      co_await s->set("b", "2");
+      CHECK(co_await s->num_keys() == before + 2);
+      CHECK(co_await s->check(keys("a", "b")));
+      CHECK_FALSE(co_await s->check(keys("a", "zz")));
+      CHECK(co_await s->delete_key("a"));
+      CHECK_FALSE(co_await s->delete_key("a"));
+      CHECK_FALSE(co_await s->check(keys("a")));
+      CHECK(co_await s->num_keys() == before + 1);
+    }());
+  }
+
+  SUBCASE("wait and get time out naming only the missing keys") {
+    dcomm::sync_wait(ctx, s->set("present", "1"));
+    auto what = expect_error(errc::timeout, [&] {
+      dcomm::sync_wait(ctx, s->wait({"present", "absent1", "absent2"}, 100ms));
+    });
+    CHECK(contains(what, "absent1"));
+    CHECK(contains(what, "absent2"));
+    CHECK_FALSE(contains(what, "present"));
+    what = expect_error(errc::timeout, [&] { dcomm::sync_wait(ctx, s->get("never", 50ms)); });
+    CHECK(contains(what, "never"));
+  }
+
+  SUBCASE("a set from another thread wakes wait and get") {
+    std::jthread other([&] {
+      asio::io_context other_ctx;
+      auto t = world.handle(other_ctx.get_executor());
+      std::this_thread::sleep_for(50ms);
+      dcomm::sync_wait(other_ctx, t->set("late", "here"));
+      dcomm::sync_wait(other_ctx, t->set("later", "too"));
+    });
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      CHECK(co_await s->get("late", 10s) == "here");
+      co_await s->wait(keys("late", "later"), 10s);
+    }());
+    other.join();
+  }
+
+  SUBCASE("a get waiting on a handle does not hold up a set on the same handle") {
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      auto waiting = asio::co_spawn(ctx, s->get("same", 10s), asio::use_awaitable);
+      co_await s->set("same", "handle");
+      CHECK(co_await std::move(waiting) == "handle");
+    }());
+  }
+
+  SUBCASE("blocking, callback and future forms") {
+    dcomm::detail::io_thread thread;
+    auto b = world.handle(thread.get_executor());
+    b->set("form", "blocking", dcomm::blocking);
+    CHECK(b->get("form", dcomm::blocking) == "blocking");
+    CHECK(b->add("forms", 2, dcomm::blocking) == 2);
+    std::promise<std::string> got;
+    b->get("form", [&](std::exception_ptr e, std::string v) {
+      if (e)
+        got.set_exception(e);
+      else
+        got.set_value(std::move(v));
+    });
+    CHECK(got.get_future().get() == "blocking");
+    CHECK(b->check(std::vector<std::string>{"form"}, asio::use_future).get());
+    // A blocking call from the thread that runs the store's executor could
+    // never finish: refused, not hung.
+    std::promise<std::string> refused;
+    asio::post(thread.get_executor(), [&] {
+      try {
+        b->get("form", dcomm::blocking);
+        refused.set_value("not refused");
+      } catch (const dcomm::error& e) {
+        refused.set_value(e.what());
+      }
+    });
+    CHECK(contains(refused.get_future().get(), "blocking call"));
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("hash_store") {
+  TEST_CASE("hash_store keeps the store contract") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::hash_world world;
+    check_store_contract(world);
+  }
+}
+
+TEST_SUITE("prefix_store") {
+  TEST_CASE("prefix_store keeps the store contract") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::prefix_world world;
+    check_store_contract(world);
+  }
+
+  TEST_CASE("prefix_store namespaces keys in the inner store") {
+    DCOMM_TEST_DEADLINE(30s);
+    asio::io_context ctx;
+    auto inner = dcomm::hash_store::create(ctx.get_executor());
+    auto a = dcomm::prefix_store::create("a", inner);
+    auto b = dcomm::prefix_store::create("b", inner);
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      co_await a->set("k", "from a");
+      co_await b->set("k", "from b");
+      CHECK(co_await a->get("k") == "from a");
+      CHECK(co_await inner->get("b/k") == "from b");
+      CHECK_FALSE(co_await a->check(keys("b/k")));
+    }());
+    auto what =
+        expect_error(errc::timeout, [&] { dcomm::sync_wait(ctx, a->get("missing", 20ms)); });
+    CHECK(contains(what, "a/missing"));
+  }
+}
+
+TEST_SUITE("tcp_store") {
+  TEST_CASE("tcp_store keeps the store contract over IPv4") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::tcp_world world("127.0.0.1");
+    check_store_contract(world);
+  }
+
+  TEST_CASE("tcp_store keeps the store contract over IPv6") {
+    DCOMM_TEST_DEADLINE(60s);
+    asio::io_context probe;
+    asio::ip::tcp::acceptor acceptor(probe);
+    asio::error_code ec;
+    acceptor.open(asio::ip::tcp::v6(), ec);
+    if (!ec) acceptor.bind({asio::ip::make_address("::1"), 0}, ec);
+    if (ec) {
+      MESSAGE("skipped: no IPv6 loopback here (" << ec.message() << ")");
+      return;
+    }
+    acceptor.close();
+    dcomm::test::tcp_world world("::1");
+    asio::io_context ctx;
+    auto s = world.handle(ctx.get_executor());
+    CHECK(contains(s->address(), "tcp://[::1]:"));
+    check_store_contract(world);
+  }
+
+  TEST_CASE("server picks a port, reports it, and a taken port is named") {
+    DCOMM_TEST_DEADLINE(30s);
+    asio::io_context ctx;
+    auto server =
+        dcomm::tcp_store_server::start(ctx.get_executor(), {.bind_host = "127.0.0.1", .port = 0});
+    CHECK(server->port() != 0);
+    CHECK(server->address() == "tcp://127.0.0.1:" + std::to_string(server->port()));
+    auto what = expect_error(errc::address_in_use, [&] {
+      dcomm::tcp_store_server::start(ctx.get_executor(),
+                                     {.bind_host = "127.0.0.1", .port = server->port()});
+    });
+    CHECK(contains(what, std::to_string(server->port())));
+    CHECK(contains(what, "MASTER_PORT"));
+  }
+
+  TEST_CASE("a client started before the server retries until it is up") {
+    DCOMM_TEST_DEADLINE(30s);
+    // Take a free port, release it, and start the server there late.
+    asio::io_context probe;
+    asio::ip::tcp::acceptor a(probe, {asio::ip::make_address("127.0.0.1"), 0});
+    auto port = a.local_endpoint().port();
+    a.close();
+    dcomm::detail::io_thread server_thread;
+    std::unique_ptr<dcomm::tcp_store_server> server;
+    std::jthread starter([&] {
+      std::this_thread::sleep_for(200ms);
+      server = dcomm::tcp_store_server::start(server_thread.get_executor(),
+                                              {.bind_host = "127.0.0.1", .port = port});
+    });
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                      {.host = "127.0.0.1", .port = port, .timeout = 10s});
+    dcomm::sync_wait(ctx, s->set("k", "v"));
+    CHECK(dcomm::sync_wait(ctx, s->get("k")) == "v");
+    starter.join();
+  }
+
+  TEST_CASE("connecting to nothing fails at the deadline naming the address") {
+    DCOMM_TEST_DEADLINE(30s);
+    asio::io_context probe;
+    asio::ip::tcp::acceptor a(probe, {asio::ip::make_address("127.0.0.1"), 0});
+    auto port = a.local_endpoint().port();
+    a.close();
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                      {.host = "127.0.0.1", .port = port, .timeout = 300ms});
+    auto what = expect_error(errc::connect_failed, [&] { dcomm::sync_wait(ctx, s->connect()); });
+    CHECK(contains(what, "127.0.0.1:" + std::to_string(port)));
+  }
+
+  TEST_CASE("garbage, oversized and malformed frames drop only that client") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::detail::io_thread server_thread;
+    auto server = dcomm::tcp_store_server::start(
+        server_thread.get_executor(),
+        {.bind_host = "127.0.0.1", .max_frame_bytes = 1 << 16, .handshake_timeout = 500ms});
+    asio::io_context ctx;
+    auto good =
+        dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1", .port = server->port()});
+    dcomm::sync_wait(ctx, good->set("before", "1"));
+
+    using asio::ip::tcp;
+    auto raw = [&] {
+      tcp::socket sock(ctx);
+      sock.connect({asio::ip::make_address("127.0.0.1"), server->port()});
+      return sock;
+    };
+    // Reads until the server closes the connection; true if it did.
+    auto closed_by_server = [](tcp::socket& sock) {
+      std::array<char, 256> buf{};
+      asio::error_code ec;
+      for (int i = 0; i < 100 && !ec; ++i) sock.read_some(asio::buffer(buf), ec);
+      return ec == asio::error::eof || ec == asio::error::connection_reset;
+    };
+    // A handshake as a store client would send it, for the frame tests.
+    auto handshaken = [&] {
+      auto sock = raw();
+      asio::io_context hctx;
+      tcp::socket moved(hctx, tcp::v4(), sock.release());
+      dcomm::detail::handshake_config config{.purpose = "store"};
+      dcomm::sync_wait(
+          hctx, dcomm::detail::client_handshake(moved, config, "test", dcomm::clock::now() + 5s));
+      return tcp::socket(ctx, tcp::v4(), moved.release());
+    };
+
+    SUBCASE("random bytes instead of a handshake") {
+      auto sock = raw();
+      std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+      asio::write(sock, asio::buffer(junk));
+      CHECK(closed_by_server(sock));
+    }
+    SUBCASE("silence: dropped after the handshake timeout") {
+      auto sock = raw();
+      CHECK(closed_by_server(sock));
+    }
+    SUBCASE("a frame over the size limit") {
+      auto sock = handshaken();
+      dcomm::detail::wire_writer w;
+      w.u32(1u << 30);
+      asio::write(sock, asio::buffer(w.bytes()));
+      CHECK(closed_by_server(sock));
+    }
+    SUBCASE("a truncated request body") {
+      auto sock = handshaken();
+      dcomm::detail::wire_writer body;
+      body.u64(1).u8(1).u32(1000).raw("short");  // set with a key longer than the frame
+      dcomm::detail::wire_writer frame;
+      frame.u32(static_cast<std::uint32_t>(body.bytes().size())).raw(body.bytes());
+      asio::write(sock, asio::buffer(frame.bytes()));
+      CHECK(closed_by_server(sock));
+    }
+    SUBCASE("an unknown operation") {
+      auto sock = handshaken();
+      dcomm::detail::wire_writer body;
+      body.u64(1).u8(200);
+      dcomm::detail::wire_writer frame;
+      frame.u32(static_cast<std::uint32_t>(body.bytes().size())).raw(body.bytes());
+      asio::write(sock, asio::buffer(frame.bytes()));
+      CHECK(closed_by_server(sock));
+    }
+    // The server and the well-behaved client carry on.
+    dcomm::sync_wait(ctx, good->set("after", "2"));
+    CHECK(dcomm::sync_wait(ctx, good->get("before")) == "1");
+    auto fresh =
+        dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1", .port = server->port()});
+    CHECK(dcomm::sync_wait(ctx, fresh->get("after")) == "2");
+  }
+}
+
+TEST_SUITE("tcp_store processes") {
+  // A listening socket made before fork: rank 0 adopts it, so every process
+  // knows the port without racing for it.
+  struct listening_socket {
+    listening_socket() {
+      acceptor.open(asio::ip::tcp::v4());
+      acceptor.bind({asio::ip::make_address("127.0.0.1"), 0});
+      acceptor.listen();
+      port = acceptor.local_endpoint().port();
+    }
+    asio::io_context ctx;
+    asio::ip::tcp::acceptor acceptor{ctx};
+    std::uint16_t port = 0;
+  };
+
+  // Rank 0 hosts the server, so it leaves last: the others say goodbye
+  // (each set is acknowledged before they exit) and rank 0 waits for all.
+  void depart(dcomm::store & s, int rank, int n) {
+    if (rank != 0) {
+      s.set("departed/" + std::to_string(rank), "1", dcomm::blocking);
+      return;
+    }
+    std::vector<std::string> all;
+    for (int r = 1; r < n; ++r) all.push_back("departed/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);
+  }
+
+  dcomm::tcp_store_options options_for(int rank, const listening_socket& ls) {
+    return {
+        .host = "127.0.0.1",
+        .port = ls.port,
+        .is_server = rank == 0,
+        .listen_fd = rank == 0 ? const_cast<listening_socket&>(ls).acceptor.native_handle() : -1,
+        .timeout = 30s,
+        .rank = rank};
+  }
+
+  TEST_CASE("8 processes x 1000 add end at exactly 8000") {
+    DCOMM_TEST_DEADLINE(120s);
+    constexpr int n = 8;
+    listening_socket ls;
+    auto results = dcomm::test::fork_world(n, 100s, [&](int rank) {
+      auto s = dcomm::tcp_store::create(options_for(rank, ls));
+      for (int i = 0; i < 1000; ++i) s->add("counter", 1, dcomm::blocking);
+      s->add("finished", 1, dcomm::blocking);
+      // Everyone reads the total once all have finished.
+      while (std::stoi(s->get("finished", dcomm::blocking)) < n) std::this_thread::sleep_for(1ms);
+      auto total = s->get("counter", dcomm::blocking);
+      depart(*s, rank, n);
+      return total == "8000" ? 0 : 2;
+    });
+    for (const auto& r : results) CHECK_MESSAGE(r.ok(), dcomm::test::describe(results));
+  }
+
+  TEST_CASE("compare_set race: exactly one process wins") {
+    DCOMM_TEST_DEADLINE(60s);
+    constexpr int n = 8;
+    listening_socket ls;
+    auto results = dcomm::test::fork_world(n, 50s, [&](int rank) {
+      auto s = dcomm::tcp_store::create(options_for(rank, ls));
+      s->add("ready", 1, dcomm::blocking);
+      // Start together, so the claims really race.
+      while (std::stoi(s->get("ready", dcomm::blocking)) < n) std::this_thread::sleep_for(1ms);
+      auto mine = std::to_string(rank);
+      auto winner = s->compare_set("leader", "", mine, dcomm::blocking);
+      if (winner == mine) s->add("winners", 1, dcomm::blocking);
+      s->add("done", 1, dcomm::blocking);
+      while (std::stoi(s->get("done", dcomm::blocking)) < n) std::this_thread::sleep_for(1ms);
+      // Exactly one winner, and everyone saw the same one.
+      bool ok =
+          s->get("winners", dcomm::blocking) == "1" && s->get("leader", dcomm::blocking) == winner;
+      depart(*s, rank, n);
+      return ok ? 0 : 3;
+    });
+    for (const auto& r : results) CHECK_MESSAGE(r.ok(), dcomm::test::describe(results));
+  }
+
+  TEST_CASE("a client killed mid-request leaves the server serving the others") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::detail::io_thread server_thread;
+    auto server =
+        dcomm::tcp_store_server::start(server_thread.get_executor(), {.bind_host = "127.0.0.1"});
+    auto port = server->port();
+    // One child dies while its get waits on the server, another halfway
+    // through writing a frame.
+    auto results = dcomm::test::fork_world(2, 30s, [&](int rank) {
+      if (rank == 0) {
+        auto s = dcomm::tcp_store::create({.host = "127.0.0.1", .port = port});
+        std::thread([] {
+          std::this_thread::sleep_for(200ms);
+          ::kill(::getpid(), SIGKILL);
+        }).detach();
+        s->get("never set", dcomm::blocking);
+        return 0;
+      }
+      asio::io_context ctx;
+      asio::ip::tcp::socket sock(ctx);
+      sock.connect({asio::ip::make_address("127.0.0.1"), port});
+      dcomm::detail::handshake_config config{.purpose = "store"};
+      dcomm::sync_wait(
+          ctx, dcomm::detail::client_handshake(sock, config, "test", dcomm::clock::now() + 5s));
+      dcomm::detail::wire_writer w;
+      w.u32(100).u64(7).u8(1);  // promises 100 bytes, sends 9
+      asio::write(sock, asio::buffer(w.bytes()));
+      ::kill(::getpid(), SIGKILL);
+      return 0;
+    });
+    for (const auto& r : results) CHECK(r.signal == SIGKILL);
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1", .port = port});
+    dcomm::sync_wait(ctx, s->set("alive", "yes"));
+    CHECK(dcomm::sync_wait(ctx, s->get("alive")) == "yes");
+  }
+
+  TEST_CASE("a dying server fails pending operations with peer_lost, promptly") {
+    DCOMM_TEST_DEADLINE(60s);
+    listening_socket ls;
+    int fd = ls.acceptor.native_handle();
+    auto port = ls.port;
+    std::atomic<bool> failed_as_expected{false};
+    std::string message;
+    std::jthread client([&] {
+      asio::io_context ctx;
+      auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                        {.host = "127.0.0.1", .port = port, .timeout = 10s});
+      try {
+        dcomm::sync_wait(ctx, s->connect());
+        dcomm::sync_wait(ctx, s->set("up", "1"));
+        // Waits far longer than the test's limit unless peer loss ends it.
+        dcomm::sync_wait(ctx, s->get("never set", std::chrono::minutes(10)));
+      } catch (const dcomm::error& e) {
+        failed_as_expected = e.code() == errc::peer_lost;
+        message = e.what();
+      }
+    });
+    auto results = dcomm::test::fork_world(1, 30s, [&](int) {
+      asio::io_context ctx;
+      auto server = dcomm::tcp_store_server::start(ctx.get_executor(), {.listen_fd = fd});
+      auto s = dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1", .port = port});
+      dcomm::sync_wait(ctx, s->get("up", 10s));
+      // Let the client's get reach the server, then die without a goodbye.
+      asio::steady_timer t(ctx, 200ms);
+      dcomm::sync_wait(ctx, t.async_wait(asio::use_awaitable));
+      ::kill(::getpid(), SIGKILL);
+      return 0;
+    });
+    client.join();
+    CHECK(results[0].signal == SIGKILL);
+    CHECK_MESSAGE(failed_as_expected, message);
+    CHECK(contains(message, "127.0.0.1:" + std::to_string(port)));
+  }
+}
+
+TEST_SUITE("tcp_store auth") {
+  TEST_CASE("job tokens: matching, wrong, missing, and a downgrade") {
+    DCOMM_TEST_DEADLINE(60s);
+    if (!dcomm::detail::have_crypto()) {
+      // Without OpenSSL a token is refused at start-up, never ignored.
+      asio::io_context ctx;
+      auto what = expect_error(errc::unsupported, [&] {
+        dcomm::tcp_store::create(ctx.get_executor(), {.port = 1, .job_token = "secret"});
+      });
+      CHECK(contains(what, "DCOMM_JOB_TOKEN"));
+      return;
+    }
+    dcomm::test::tcp_world secured("127.0.0.1", "s3cret-token");
+    asio::io_context ctx;
+    auto client = [&](std::string token) {
+      return dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = secured.port(), .timeout = 5s, .job_token = token});
+    };
+    auto ok = client("s3cret-token");
+    dcomm::sync_wait(ctx, ok->set("k", "v"));
+    CHECK(dcomm::sync_wait(ctx, ok->get("k")) == "v");
+
+    auto what =
+        expect_error(errc::auth_failed, [&] { dcomm::sync_wait(ctx, client("wrong")->connect()); });
+    CHECK(contains(what, "could not prove"));
+    what = expect_error(errc::auth_failed, [&] { dcomm::sync_wait(ctx, client("")->connect()); });
+    CHECK(contains(what, "DCOMM_JOB_TOKEN"));
+
+    dcomm::test::tcp_world open("127.0.0.1");
+    auto downgraded = dcomm::tcp_store::create(
+        ctx.get_executor(), {.host = "127.0.0.1", .port = open.port(), .job_token = "s3cret"});
+    what = expect_error(errc::auth_failed, [&] { dcomm::sync_wait(ctx, downgraded->connect()); });
+    CHECK(contains(what, "does not ask"));
+    // The secured server still serves its clients.
+    CHECK(dcomm::sync_wait(ctx, ok->get("k")) == "v");
+  }
+
+  TEST_CASE("the token never crosses the wire") {
+    DCOMM_TEST_DEADLINE(30s);
+    if (!dcomm::detail::have_crypto()) return;
+    const std::string token = "plain-text-token-value";
+    // A fake server that asks for the token, records every byte the client
+    // sends (hello and proof), then refuses.
+    asio::io_context ctx;
+    asio::ip::tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+    std::string received;
+    std::jthread server([&] {
+      auto sock = acceptor.accept();
+      auto read = [&](std::size_t n) {
+        std::string bytes(n, '\0');
+        asio::read(sock, asio::buffer(bytes));
+        received += bytes;
+        return bytes;
+      };
+      auto head = read(4 + 2 + 4);
+      dcomm::detail::wire_reader r(head);
+      r.raw(4);
+      r.u16();
+      read(r.u32() + 4 + 32);  // purpose, rank, nonce
+      dcomm::detail::wire_writer offer;
+      offer.raw("DCMH").u16(dcomm::detail::protocol_version).u8(1).raw(std::string(32, 'n'));
+      asio::write(sock, asio::buffer(offer.bytes()));
+      read(1 + 32);  // the proof
+      dcomm::detail::wire_writer verdict;
+      verdict.u8(0).str("test over");
+      asio::write(sock, asio::buffer(verdict.bytes()));
+    });
+    auto c = dcomm::tcp_store::create(
+        ctx.get_executor(),
+        {.host = "127.0.0.1", .port = acceptor.local_endpoint().port(), .job_token = token});
+    auto what = expect_error(errc::auth_failed, [&] { dcomm::sync_wait(ctx, c->connect()); });
+    server.join();
+    CHECK(contains(what, "test over"));
+    CHECK(received.size() == 4 + 2 + 4 + 5 + 4 + 32 + 33);
+    CHECK_FALSE(contains(received, token));
+  }
+}
