@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <ostream>  // doctest prints std::error_code through it
 #include <string>
 
 TEST_CASE("dcomm::error names what the user needs, once") {

@@ -211,6 +211,14 @@ TEST_SUITE("prefix_store") {
   }
 }
 
+TEST_SUITE("file_store contract") {
+  TEST_CASE("file_store keeps the store contract") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::file_world world;
+    check_store_contract(world);
+  }
+}
+
 TEST_SUITE("tcp_store") {
   TEST_CASE("tcp_store keeps the store contract over IPv4") {
     DCOMM_TEST_DEADLINE(60s);

@@ -35,10 +35,10 @@ asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadli
   namespace ex = asio::experimental;
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor, deadline);
-  auto results = co_await ex::make_parallel_group(
-                     asio::co_spawn(executor, std::move(op), ex::deferred),
-                     timer.async_wait(ex::deferred))
-                     .async_wait(ex::wait_for_one(), asio::use_awaitable);
+  auto results =
+      co_await ex::make_parallel_group(asio::co_spawn(executor, std::move(op), ex::deferred),
+                                       timer.async_wait(ex::deferred))
+          .async_wait(ex::wait_for_one(), asio::use_awaitable);
   if (std::get<0>(results)[0] != 0) throw_error(errc::timeout, std::move(on_timeout));
   if (auto& failure = std::get<1>(results)) std::rethrow_exception(failure);
   if constexpr (!std::is_void_v<T>) co_return std::move(std::get<2>(results));
