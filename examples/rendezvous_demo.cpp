@@ -56,12 +56,8 @@ int rank_main() {
     for (int r = 0; r < size; ++r)
       std::printf("    rank %d: %s\n", r,
                   store.get("who/" + std::to_string(r), dcomm::blocking).c_str());
-    std::vector<std::string> departed;
-    for (int r = 1; r < size; ++r) departed.push_back("departed/" + std::to_string(r));
-    store.wait(departed, dcomm::blocking);  // rank 0 serves the store: leave last
-  } else {
-    store.set("departed/" + std::to_string(rank), "1", dcomm::blocking);
   }
+  dcomm::depart(world, dcomm::blocking);  // rank 0 serves the store: it leaves last
   std::fflush(stdout);
   return sum == expected ? 0 : 1;
 }

@@ -48,8 +48,8 @@ struct listening_socket {
   std::uint16_t port = 0;
 };
 
-// After rendezvous every rank adds its rank; all must see the full sum, and
-// rank 0 (which may host the store) leaves last.
+// After rendezvous every rank adds its rank; all must see the full sum, then
+// they depart (rank 0, which may host the store, last).
 int check_world(dcomm::rendezvous_result& world, int expected_rank, int expected_size) {
   auto& s = *world.store;
   if (world.rank != expected_rank || world.world_size != expected_size) return 10;
@@ -59,13 +59,7 @@ int check_world(dcomm::rendezvous_result& world, int expected_rank, int expected
     std::this_thread::sleep_for(1ms);
   int sum = std::stoi(s.get("sum", dcomm::blocking));
   if (sum != expected_size * (expected_size - 1) / 2) return 11;
-  if (world.rank != 0) {
-    s.set("departed/" + std::to_string(world.rank), "1", dcomm::blocking);
-  } else {
-    std::vector<std::string> all;
-    for (int r = 1; r < expected_size; ++r) all.push_back("departed/" + std::to_string(r));
-    s.wait(all, dcomm::blocking);
-  }
+  dcomm::depart(world, dcomm::blocking);
   return 0;
 }
 
@@ -321,4 +315,29 @@ TEST_CASE("a port already in use is named, with the variable to change") {
   }();
   CHECK(contains(what, std::to_string(taken.port)));
   CHECK(contains(what, "MASTER_PORT"));
+}
+
+TEST_CASE("depart: rank 0 waits for every rank to leave, and names the ones that do not") {
+  DCOMM_TEST_DEADLINE(30s);
+  dcomm::test::hash_world world;
+  asio::io_context ctx;
+  auto handle = [&](int rank) {
+    auto s = world.handle(ctx.get_executor());
+    s->set_timeout(300ms);
+    return dcomm::rendezvous_result{.store = s, .rank = rank, .world_size = 4};
+  };
+  auto rank0 = handle(0);
+  // Ranks 1 and 3 leave, rank 2 never does.
+  dcomm::sync_wait(ctx, dcomm::depart(handle(1)));
+  dcomm::sync_wait(ctx, dcomm::depart(handle(3)));
+  try {
+    dcomm::sync_wait(ctx, dcomm::depart(rank0));
+    FAIL("rank 0 left while rank 2 was still there");
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == errc::timeout);
+    CHECK(contains(e.what(), "ranks {2}"));
+    CHECK(contains(e.what(), "in depart (rank 0)"));
+  }
+  dcomm::sync_wait(ctx, dcomm::depart(handle(2)));
+  dcomm::sync_wait(ctx, dcomm::depart(rank0));
 }

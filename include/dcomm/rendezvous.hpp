@@ -6,6 +6,7 @@
 //   rank/<r>/joins   add 1: more than 1 means two processes claim rank r
 //   world_size       compare_set: every rank must agree with the first
 //   rank/<r>/present set once rank r has joined; everyone waits for all
+//   rank/<r>/departed  set by depart(); rank 0 waits for all before leaving
 // While waiting, the ranks still missing are reported every
 // progress_interval; at the deadline the error names them.
 #pragma once
@@ -154,6 +155,36 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
     fail(errc::mismatch, "rank " + std::to_string(rank) + " is claimed by more than one process");
 }
 
+// Every rank but 0 says it is done with the store; rank 0, which serves a
+// tcp store, waits until all have said so, so nobody loses the store while
+// still using it.
+inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int world_size,
+                                       clock::time_point deadline) {
+  if (rank != 0) {
+    co_await s->set_impl(rdzv_key(rank, "departed"), "1");
+    co_return;
+  }
+  std::vector<std::string> keys;
+  for (int r = 1; r < world_size; ++r) keys.push_back(rdzv_key(r, "departed"));
+  try {
+    co_await s->wait_impl(keys, deadline);
+    co_return;
+  } catch (const dcomm::error& e) {
+    if (e.code() != errc::timeout) throw;
+  }
+  // Timed out: name who is still there (no co_await inside a handler).
+  std::vector<int> missing;
+  for (int r = 1; r < world_size; ++r) {
+    std::vector<std::string> one(1, rdzv_key(r, "departed"));
+    if (!co_await s->check_impl(one)) missing.push_back(r);
+  }
+  throw_error(errc::timeout, {.operation = "depart",
+                              .rank = rank,
+                              .peers = "ranks " + format_ranks(missing),
+                              .address = s->address(),
+                              .detail = "these ranks had not left when the deadline passed"});
+}
+
 inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor executor,
                                                         rendezvous_options options) {
   // Bad input fails here, before any socket or file is touched.
@@ -229,6 +260,17 @@ inline rendezvous_result rendezvous(rendezvous_options options) {
         thread.reset();
       });
   return result;
+}
+
+// Leaves the job: rank 0 completes once every other rank has departed (at
+// most the store's timeout); the others complete at once. Call it last.
+template <completion_token_for Token = default_token_t>
+auto depart(const rendezvous_result& world, Token&& token = {}) {
+  auto timeout = world.store->timeout();
+  return detail::initiate(
+      world.store->get_executor(),
+      detail::depart_op(world.store, world.rank, world.world_size, clock::now() + timeout),
+      std::forward<Token>(token), "depart", timeout + detail::blocking_grace);
 }
 
 // The same protocol on a store the caller already has (thread worlds).
