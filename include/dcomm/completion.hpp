@@ -55,6 +55,29 @@ inline bool running_in_this_thread(const asio::any_io_executor& ex) {
   return false;
 }
 
+// Completes a std::promise from co_spawn's handler. Not asio::use_future:
+// its handler runs through Asio's global system_context thread pool, whose
+// threads do not survive fork(), so a forked child that had inherited a
+// started pool would wait forever. This handler runs on the operation's own
+// executor.
+template <typename T>
+auto promise_handler(std::shared_ptr<std::promise<T>> promise) {
+  return [promise](std::exception_ptr failure, auto&&... value) {
+    if (failure)
+      promise->set_exception(failure);
+    else
+      promise->set_value(std::forward<decltype(value)>(value)...);
+  };
+}
+
+template <typename T>
+std::future<T> spawn_with_future(const asio::any_io_executor& ex, asio::awaitable<T> op) {
+  auto promise = std::make_shared<std::promise<T>>();
+  auto future = promise->get_future();
+  asio::co_spawn(ex, std::move(op), promise_handler(std::move(promise)));
+  return future;
+}
+
 template <typename T>
 T run_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op, const char* operation,
                clock::duration limit) {
@@ -63,7 +86,7 @@ T run_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op, const cha
                 {.operation = operation,
                  .detail = "blocking call made from the thread that runs the object's executor; "
                            "co_await it instead"});
-  auto result = asio::co_spawn(ex, std::move(op), asio::use_future);
+  auto result = spawn_with_future(ex, std::move(op));
   // Every operation has its own deadline; this one only guards against an
   // executor nobody runs, which would otherwise block forever.
   if (result.wait_for(limit) != std::future_status::ready)
@@ -95,7 +118,7 @@ inline constexpr clock::duration blocking_grace = std::chrono::seconds(30);
 // started stay alive on the context for the next call.
 template <typename T>
 T sync_wait(asio::io_context& context, asio::awaitable<T> op) {
-  auto result = asio::co_spawn(context, std::move(op), asio::use_future);
+  auto result = detail::spawn_with_future<T>(context.get_executor(), std::move(op));
   context.restart();
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
     if (context.run_one() == 0)

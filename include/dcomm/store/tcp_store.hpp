@@ -362,10 +362,13 @@ class tcp_store_server {
       } catch (const dcomm::error& e) {
         if (e.code() == errc::protocol_error) throw;
         // A request the store refuses (add on a non-integer): the client
-        // gets the error, the connection stays.
+        // gets the error's fields, the connection stays.
         detail::wire_writer refusal;
         refusal.u64(id).u8(static_cast<std::uint8_t>(detail::store_status::error));
-        refusal.u8(static_cast<std::uint8_t>(e.code().value())).str(e.what());
+        refusal.u8(static_cast<std::uint8_t>(e.code().value()))
+            .str(e.context().expected)
+            .str(e.context().seen)
+            .str(e.context().detail);
         conn->send_frame(std::move(refusal.bytes()));
         return;
       }
@@ -671,7 +674,9 @@ class tcp_store final : public store {
     }
     auto code = static_cast<errc>(detail_reader.u8());
     auto ctx = context(operation, key);
-    ctx.detail = "the server refused: " + detail_reader.str();
+    ctx.expected = detail_reader.str();
+    ctx.seen = detail_reader.str();
+    ctx.detail = detail_reader.str();
     throw error(code, ctx);
   }
 
