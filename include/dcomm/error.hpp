@@ -23,6 +23,7 @@ enum class errc {
   auth_failed,       // a peer could not prove it holds the job token
   connect_failed,    // could not reach a peer until the deadline
   unsupported,       // this build lacks a feature the call needs
+  rank_failed,       // a rank's process failed (spawn, launcher)
 };
 
 }  // namespace dcomm
@@ -60,6 +61,8 @@ class error_category_impl final : public std::error_category {
         return "connection failed";
       case errc::unsupported:
         return "unsupported in this build";
+      case errc::rank_failed:
+        return "a rank failed";
     }
     return "unknown dcomm error";
   }
