@@ -4,12 +4,15 @@
 #pragma once
 
 #include "dcomm/completion.hpp"
+#include "dcomm/data_partitioner.hpp"
+#include "dcomm/distributed_sampler.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/half.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/rendezvous.hpp"
+#include "dcomm/spawn.hpp"
 #include "dcomm/store/file_store.hpp"
 #include "dcomm/store/hash_store.hpp"
 #include "dcomm/store/prefix_store.hpp"
