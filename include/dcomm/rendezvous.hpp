@@ -101,26 +101,31 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
                        .detail = std::move(detail)});
   };
 
-  auto joins = co_await s->add_impl(rdzv_key(rank, "joins"), 1);
+  // The public operations, not the *_impl coroutines: those must run on the
+  // store's own executor (a strand for tcp_store), and this may not.
+  auto left = [&] {
+    return std::chrono::duration_cast<store::duration>(
+        std::max(deadline - clock::now(), clock::duration::zero()));
+  };
+  auto joins = co_await s->add(rdzv_key(rank, "joins"), 1);
   if (joins > 1)
     fail(errc::mismatch, "rank " + std::to_string(rank) +
                              " is claimed by more than one process (a rank given twice, or a "
                              "stale store left by an earlier job at this address)");
-  auto agreed =
-      co_await s->compare_set_impl("dcomm/rdzv/world_size", "", std::to_string(world_size));
+  auto agreed = co_await s->compare_set("dcomm/rdzv/world_size", "", std::to_string(world_size));
   if (agreed != std::to_string(world_size))
     fail(errc::mismatch, "ranks disagree on the world size: this rank says " +
                              std::to_string(world_size) + ", an earlier rank said " + agreed);
-  co_await s->set_impl(rdzv_key(rank, "present"), whoami());
+  co_await s->set(rdzv_key(rank, "present"), whoami());
 
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) missing.push_back(r);
   for (;;) {
     std::vector<std::string> keys;
     for (int r : missing) keys.push_back(rdzv_key(r, "present"));
-    auto slice_end = std::min(deadline, clock::now() + options.progress_interval);
+    auto slice = std::min(left(), options.progress_interval);
     try {
-      co_await s->wait_impl(keys, slice_end);
+      co_await s->wait(keys, slice);
       break;
     } catch (const dcomm::error& e) {
       if (e.code() != errc::timeout) throw;
@@ -128,7 +133,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
     std::vector<int> still;
     for (int r : missing) {
       std::vector<std::string> one(1, rdzv_key(r, "present"));
-      if (!co_await s->check_impl(one)) still.push_back(r);
+      if (!co_await s->check(one)) still.push_back(r);
     }
     missing = std::move(still);
     if (missing.empty()) break;
@@ -151,7 +156,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
       log(log_level::warning, line);
   }
   // A duplicate that joined after us is only visible now.
-  if (std::stoll(co_await s->get_impl(rdzv_key(rank, "joins"), deadline)) > 1)
+  if (std::stoll(co_await s->get(rdzv_key(rank, "joins"), left())) > 1)
     fail(errc::mismatch, "rank " + std::to_string(rank) + " is claimed by more than one process");
 }
 
@@ -161,13 +166,14 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int world_size,
                                        clock::time_point deadline) {
   if (rank != 0) {
-    co_await s->set_impl(rdzv_key(rank, "departed"), "1");
+    co_await s->set(rdzv_key(rank, "departed"), "1");
     co_return;
   }
   std::vector<std::string> keys;
   for (int r = 1; r < world_size; ++r) keys.push_back(rdzv_key(r, "departed"));
   try {
-    co_await s->wait_impl(keys, deadline);
+    co_await s->wait(keys, std::chrono::duration_cast<store::duration>(
+                               std::max(deadline - clock::now(), clock::duration::zero())));
     co_return;
   } catch (const dcomm::error& e) {
     if (e.code() != errc::timeout) throw;
@@ -176,7 +182,7 @@ inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int w
   std::vector<int> missing;
   for (int r = 1; r < world_size; ++r) {
     std::vector<std::string> one(1, rdzv_key(r, "departed"));
-    if (!co_await s->check_impl(one)) missing.push_back(r);
+    if (!co_await s->check(one)) missing.push_back(r);
   }
   throw_error(errc::timeout, {.operation = "depart",
                               .rank = rank,

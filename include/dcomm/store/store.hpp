@@ -98,8 +98,12 @@ class store : public std::enable_shared_from_this<store> {
     return run(num_keys_impl(), std::forward<Token>(token), "num_keys");
   }
 
-  // The coroutines behind the operations. Decorators (prefix_store) and the
-  // rendezvous co_await these directly on the store's executor.
+  // The coroutines behind the operations. They run on the store's executor
+  // (tcp_store's state lives on its strand), so only the initiating functions
+  // above, and decorators running on the same executor, may call them.
+  friend class prefix_store;
+
+ protected:
   virtual asio::awaitable<void> set_impl(std::string key, std::string value) = 0;
   virtual asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) = 0;
   virtual asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) = 0;
@@ -111,7 +115,6 @@ class store : public std::enable_shared_from_this<store> {
   virtual asio::awaitable<bool> delete_key_impl(std::string key) = 0;
   virtual asio::awaitable<std::int64_t> num_keys_impl() = 0;
 
- protected:
   explicit store(duration timeout = default_timeout) : timeout_(timeout) {}
 
  private:
