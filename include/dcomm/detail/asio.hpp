@@ -14,8 +14,6 @@
 #endif
 
 #include <asio.hpp>
-#include <asio/experimental/deferred.hpp>
-#include <asio/experimental/parallel_group.hpp>
 
 #if !defined(ASIO_HAS_CO_AWAIT)
 #error \

@@ -50,14 +50,14 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
 inline asio::awaitable<void> write_all(tcp::socket& socket, std::string bytes,
                                        clock::time_point deadline, const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
-                         deadline, ctx);
+                         deadline, ctx, [&socket] { socket.cancel(); });
 }
 
 inline asio::awaitable<std::string> read_n(tcp::socket& socket, std::size_t n,
                                            clock::time_point deadline, const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
-                         deadline, ctx);
+                         deadline, ctx, [&socket] { socket.cancel(); });
   co_return bytes;
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -25,23 +27,52 @@ inline std::string endpoint_address(const tcp::endpoint& ep) {
   return tcp_address(ep.address().to_string(), ep.port());
 }
 
-// Runs op, failing with errc::timeout naming `operation` if the deadline
-// passes first (the op is then cancelled). Not awaitable_operators' `||`:
-// that waits for the first op to *succeed*, so a failing op would be reported
-// as a timeout, and only at the deadline.
-template <typename T>
+// Runs op, failing with errc::timeout naming `on_timeout` if the deadline
+// passes first: then cancel() is called, which must make op complete (e.g.
+// socket.cancel()). A timer on the caller's executor does it, the classic
+// Asio pattern. Not awaitable_operators or parallel_group: `||` waits for the
+// first op to *succeed*, and Asio's parallel_group cancellation has known
+// use-after-free races (asio#1332, asio#1348) that hung ranks under load.
+template <typename T, typename Cancel>
 asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadline,
-                                 error_context on_timeout) {
-  namespace ex = asio::experimental;
-  auto executor = co_await asio::this_coro::executor;
-  asio::steady_timer timer(executor, deadline);
-  auto results =
-      co_await ex::make_parallel_group(asio::co_spawn(executor, std::move(op), ex::deferred),
-                                       timer.async_wait(ex::deferred))
-          .async_wait(ex::wait_for_one(), asio::use_awaitable);
-  if (std::get<0>(results)[0] != 0) throw_error(errc::timeout, std::move(on_timeout));
-  if (auto& failure = std::get<1>(results)) std::rethrow_exception(failure);
-  if constexpr (!std::is_void_v<T>) co_return std::move(std::get<2>(results));
+                                 error_context on_timeout, Cancel cancel) {
+  struct state {
+    bool done = false;
+    bool fired = false;
+  };
+  auto st = std::make_shared<state>();
+  asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+  // Runs on the same executor as this coroutine; after `done` it never
+  // touches what cancel() refers to.
+  timer.async_wait([st, cancel](const asio::error_code& ec) {
+    if (ec || st->done) return;
+    st->fired = true;
+    cancel();
+  });
+  std::exception_ptr failure;
+  if constexpr (std::is_void_v<T>) {
+    try {
+      co_await std::move(op);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    st->done = true;
+    timer.cancel();
+    if (st->fired) throw_error(errc::timeout, std::move(on_timeout));
+    if (failure) std::rethrow_exception(failure);
+  } else {
+    std::optional<T> result;
+    try {
+      result.emplace(co_await std::move(op));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    st->done = true;
+    timer.cancel();
+    if (st->fired) throw_error(errc::timeout, std::move(on_timeout));
+    if (failure) std::rethrow_exception(failure);
+    co_return std::move(*result);
+  }
 }
 
 // Connects to host:port, retrying with backoff until the deadline: the
@@ -55,13 +86,14 @@ inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::ui
   std::string last_error = "no attempt made";
   for (;;) {
     try {
-      auto endpoints =
-          co_await resolver.async_resolve(host, std::to_string(port), asio::use_awaitable);
-      tcp::socket socket(executor);
       // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
       error_context on_timeout{.operation = operation, .address = tcp_address(host, port)};
+      auto endpoints = co_await with_deadline(
+          resolver.async_resolve(host, std::to_string(port), asio::use_awaitable), deadline,
+          on_timeout, [&resolver] { resolver.cancel(); });
+      tcp::socket socket(executor);
       co_await with_deadline(asio::async_connect(socket, endpoints, asio::use_awaitable), deadline,
-                             on_timeout);
+                             on_timeout, [&socket] { socket.cancel(); });
       socket.set_option(tcp::no_delay(true));
       co_return socket;
     } catch (const std::system_error& e) {

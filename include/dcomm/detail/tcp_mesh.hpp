@@ -78,7 +78,6 @@ inline tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::s
 inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int rank, int world,
                                                   mesh_options options,
                                                   clock::time_point deadline) {
-  namespace ex = asio::experimental;
   auto executor = co_await asio::this_coro::executor;
   mesh_sockets sockets;
   for (int p = 0; p < world; ++p) sockets.emplace_back(executor);
@@ -130,16 +129,24 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
     }
   };
 
-  // Both sides at once; the first failure cancels the other. Every step of
-  // connect_all has the deadline; accepting gets it here.
-  error_context accept_timeout{.operation = "tcp mesh", .rank = rank};
-  auto [order, accept_error, connect_error] =
-      co_await ex::make_parallel_group(
-          asio::co_spawn(executor, with_deadline(accept_all(), deadline, accept_timeout),
-                         ex::deferred),
-          asio::co_spawn(executor, connect_all(), ex::deferred))
-          .async_wait(ex::wait_for_one_error(), asio::use_awaitable);
-  (void)order;
+  // Connect down first, then accept from above. No deadlock: a rank only
+  // ever waits on lower ranks while connecting, and rank 0 accepts at once.
+  // (Sequential rather than a parallel_group: see with_deadline.)
+  std::exception_ptr connect_error, accept_error;
+  try {
+    co_await connect_all();
+  } catch (...) {
+    connect_error = std::current_exception();
+  }
+  if (!connect_error) {
+    error_context accept_timeout{.operation = "tcp mesh", .rank = rank};
+    try {
+      co_await with_deadline(accept_all(), deadline, accept_timeout,
+                             [&acceptor] { acceptor.cancel(); });
+    } catch (...) {
+      accept_error = std::current_exception();
+    }
+  }
   // A failed connect names the peer it could not reach; rethrow it as is.
   if (connect_error) std::rethrow_exception(connect_error);
   std::vector<int> missing;
