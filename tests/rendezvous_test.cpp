@@ -13,6 +13,7 @@
 
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
+#include "support/listening_socket.hpp"
 #include "support/store_world.hpp"
 
 using namespace std::chrono_literals;
@@ -32,21 +33,7 @@ dcomm::env_lookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
-// Port 0 bound before fork; rank 0 adopts the socket through
-// DCOMM_MASTER_LISTEN_FD, the others connect to the port.
-struct listening_socket {
-  explicit listening_socket(const char* host = "127.0.0.1") {
-    auto address = asio::ip::make_address(host);
-    acceptor.open(asio::ip::tcp::endpoint(address, 0).protocol());
-    acceptor.bind({address, 0});
-    acceptor.listen();
-    port = acceptor.local_endpoint().port();
-  }
-  int fd() { return acceptor.native_handle(); }
-  asio::io_context ctx;
-  asio::ip::tcp::acceptor acceptor{ctx};
-  std::uint16_t port = 0;
-};
+using dcomm::test::listening_socket;
 
 // After rendezvous every rank adds its rank; all must see the full sum, then
 // they depart (rank 0, which may host the store, last).

@@ -13,6 +13,7 @@
 
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
+#include "support/listening_socket.hpp"
 #include "support/store_world.hpp"
 
 using namespace std::chrono_literals;
@@ -262,11 +263,8 @@ TEST_SUITE("tcp_store") {
 
   TEST_CASE("a client started before the server retries until it is up") {
     DCOMM_TEST_DEADLINE(30s);
-    // Take a free port, release it, and start the server there late.
-    asio::io_context probe;
-    asio::ip::tcp::acceptor a(probe, {asio::ip::make_address("127.0.0.1"), 0});
-    auto port = a.local_endpoint().port();
-    a.close();
+    // Start the server late, on a port nothing listens on yet.
+    auto port = dcomm::test::free_port();
     dcomm::detail::io_thread server_thread;
     std::unique_ptr<dcomm::tcp_store_server> server;
     std::jthread starter([&] {
@@ -284,10 +282,7 @@ TEST_SUITE("tcp_store") {
 
   TEST_CASE("connecting to nothing fails at the deadline naming the address") {
     DCOMM_TEST_DEADLINE(30s);
-    asio::io_context probe;
-    asio::ip::tcp::acceptor a(probe, {asio::ip::make_address("127.0.0.1"), 0});
-    auto port = a.local_endpoint().port();
-    a.close();
+    auto port = dcomm::test::free_port();
     asio::io_context ctx;
     auto s = dcomm::tcp_store::create(ctx.get_executor(),
                                       {.host = "127.0.0.1", .port = port, .timeout = 300ms});
@@ -377,18 +372,7 @@ TEST_SUITE("tcp_store") {
 TEST_SUITE("tcp_store processes") {
   // A listening socket made before fork: rank 0 adopts it, so every process
   // knows the port without racing for it.
-  struct listening_socket {
-    listening_socket() {
-      acceptor.open(asio::ip::tcp::v4());
-      acceptor.bind({asio::ip::make_address("127.0.0.1"), 0});
-      acceptor.listen();
-      port = acceptor.local_endpoint().port();
-    }
-    int fd() { return acceptor.native_handle(); }
-    asio::io_context ctx;
-    asio::ip::tcp::acceptor acceptor{ctx};
-    std::uint16_t port = 0;
-  };
+  using dcomm::test::listening_socket;
 
   // Rank 0 hosts the server, so it leaves last: the others say goodbye
   // (each set is acknowledged before they exit) and rank 0 waits for all.
@@ -402,14 +386,13 @@ TEST_SUITE("tcp_store processes") {
     s.wait(all, dcomm::blocking);
   }
 
-  dcomm::tcp_store_options options_for(int rank, const listening_socket& ls) {
-    return {
-        .host = "127.0.0.1",
-        .port = ls.port,
-        .is_server = rank == 0,
-        .listen_fd = rank == 0 ? const_cast<listening_socket&>(ls).acceptor.native_handle() : -1,
-        .timeout = 30s,
-        .rank = rank};
+  dcomm::tcp_store_options options_for(int rank, listening_socket& ls) {
+    return {.host = "127.0.0.1",
+            .port = ls.port,
+            .is_server = rank == 0,
+            .listen_fd = rank == 0 ? ls.fd() : -1,
+            .timeout = 30s,
+            .rank = rank};
   }
 
   TEST_CASE("8 processes x 1000 add end at exactly 8000") {

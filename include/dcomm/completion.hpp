@@ -107,6 +107,13 @@ auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& to
     return asio::co_spawn(ex, std::move(op), std::forward<Token>(token));
 }
 
+// What is left until a deadline, never negative: for calls that take a
+// timeout where the caller holds a deadline.
+inline std::chrono::milliseconds time_left(clock::time_point deadline) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::max(deadline - clock::now(), clock::duration::zero()));
+}
+
 // Extra time a blocking wait allows beyond an operation's own deadline.
 inline constexpr clock::duration blocking_grace = std::chrono::seconds(30);
 

@@ -8,6 +8,7 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace dcomm {
 
@@ -105,6 +106,29 @@ inline std::string format_error(std::error_code code, const error_context& c) {
          (c.seen.empty() ? std::string("-") : c.seen);
   if (!c.detail.empty()) m += ": " + c.detail;
   return m;
+}
+}  // namespace detail
+
+namespace detail {
+// A set of ranks for messages: "{0,1}", "{1-3,7}" (runs of three or more
+// folded), shortened for large worlds.
+inline std::string format_ranks(const std::vector<int>& ranks) {
+  std::string out = "{";
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (j < i + 2) j = i;  // a pair stays "0,1"
+    if (shown++ == 16) {
+      out += ",... " + std::to_string(ranks.size() - i) + " more";
+      break;
+    }
+    if (i > 0) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out + "}";
 }
 }  // namespace detail
 

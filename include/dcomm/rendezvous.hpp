@@ -59,25 +59,6 @@ struct rendezvous_result {
 
 namespace detail {
 
-// "{1-3,7}" for messages, shortened for large worlds.
-inline std::string format_ranks(const std::vector<int>& ranks) {
-  std::string out = "{";
-  std::size_t shown = 0;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (shown++ == 16) {
-      out += ",... " + std::to_string(ranks.size() - i) + " more";
-      break;
-    }
-    if (i > 0) out += ",";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out + "}";
-}
-
 inline std::string rdzv_key(int rank, std::string_view what) {
   return "dcomm/rdzv/rank/" + std::to_string(rank) + "/" + std::string(what);
 }
@@ -86,6 +67,17 @@ inline std::string whoami() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   return std::string(host) + " pid " + std::to_string(::getpid());
+}
+
+// Which of `ranks` have not set their rank/<r>/<what> key yet.
+inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
+                                                       std::vector<int> ranks, std::string what) {
+  std::vector<int> without;
+  for (int r : ranks) {
+    std::vector<std::string> one(1, rdzv_key(r, what));
+    if (!co_await s->check(one)) without.push_back(r);
+  }
+  co_return without;
 }
 
 // The protocol, on any store (thread worlds pass a shared hash_store).
@@ -103,10 +95,6 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 
   // The public operations, not the *_impl coroutines: those must run on the
   // store's own executor (a strand for tcp_store), and this may not.
-  auto left = [&] {
-    return std::chrono::duration_cast<store::duration>(
-        std::max(deadline - clock::now(), clock::duration::zero()));
-  };
   auto joins = co_await s->add(rdzv_key(rank, "joins"), 1);
   if (joins > 1)
     fail(errc::mismatch, "rank " + std::to_string(rank) +
@@ -123,19 +111,14 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
   for (;;) {
     std::vector<std::string> keys;
     for (int r : missing) keys.push_back(rdzv_key(r, "present"));
-    auto slice = std::min(left(), options.progress_interval);
+    auto slice = std::min(time_left(deadline), options.progress_interval);
     try {
       co_await s->wait(keys, slice);
       break;
     } catch (const dcomm::error& e) {
       if (e.code() != errc::timeout) throw;
     }
-    std::vector<int> still;
-    for (int r : missing) {
-      std::vector<std::string> one(1, rdzv_key(r, "present"));
-      if (!co_await s->check(one)) still.push_back(r);
-    }
-    missing = std::move(still);
+    missing = co_await ranks_without(s, missing, "present");
     if (missing.empty()) break;
     using std::chrono::duration_cast;
     using std::chrono::seconds;
@@ -156,7 +139,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
       log(log_level::warning, line);
   }
   // A duplicate that joined after us is only visible now.
-  if (std::stoll(co_await s->get(rdzv_key(rank, "joins"), left())) > 1)
+  if (std::stoll(co_await s->get(rdzv_key(rank, "joins"), time_left(deadline))) > 1)
     fail(errc::mismatch, "rank " + std::to_string(rank) + " is claimed by more than one process");
 }
 
@@ -172,18 +155,15 @@ inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int w
   std::vector<std::string> keys;
   for (int r = 1; r < world_size; ++r) keys.push_back(rdzv_key(r, "departed"));
   try {
-    co_await s->wait(keys, std::chrono::duration_cast<store::duration>(
-                               std::max(deadline - clock::now(), clock::duration::zero())));
+    co_await s->wait(keys, time_left(deadline));
     co_return;
   } catch (const dcomm::error& e) {
     if (e.code() != errc::timeout) throw;
   }
   // Timed out: name who is still there (no co_await inside a handler).
-  std::vector<int> missing;
-  for (int r = 1; r < world_size; ++r) {
-    std::vector<std::string> one(1, rdzv_key(r, "departed"));
-    if (!co_await s->check(one)) missing.push_back(r);
-  }
+  std::vector<int> others;
+  for (int r = 1; r < world_size; ++r) others.push_back(r);
+  auto missing = co_await ranks_without(s, others, "departed");
   throw_error(errc::timeout, {.operation = "depart",
                               .rank = rank,
                               .peers = "ranks " + format_ranks(missing),

@@ -254,10 +254,8 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
         if (!ranks[static_cast<std::size_t>(rank)].done) running.push_back(rank);
       stop_and_reap();
       close_all();
-      std::string list;
-      for (int r : running) list += (list.empty() ? "" : ",") + std::to_string(r);
       throw_error(errc::timeout, {.operation = "spawn",
-                                  .peers = "ranks {" + list + "}",
+                                  .peers = "ranks " + detail::format_ranks(running),
                                   .detail = "still running when the spawn timeout passed; "
                                             "all ranks were killed"});
     }

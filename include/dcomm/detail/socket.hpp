@@ -50,16 +50,20 @@ asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadli
     cancel();
   });
   std::exception_ptr failure;
+  // A timeout wins over the error the cancelled op ended with.
+  auto settle = [&] {
+    st->done = true;
+    timer.cancel();
+    if (st->fired) throw_error(errc::timeout, std::move(on_timeout));
+    if (failure) std::rethrow_exception(failure);
+  };
   if constexpr (std::is_void_v<T>) {
     try {
       co_await std::move(op);
     } catch (...) {
       failure = std::current_exception();
     }
-    st->done = true;
-    timer.cancel();
-    if (st->fired) throw_error(errc::timeout, std::move(on_timeout));
-    if (failure) std::rethrow_exception(failure);
+    settle();
   } else {
     std::optional<T> result;
     try {
@@ -67,10 +71,7 @@ asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadli
     } catch (...) {
       failure = std::current_exception();
     }
-    st->done = true;
-    timer.cancel();
-    if (st->fired) throw_error(errc::timeout, std::move(on_timeout));
-    if (failure) std::rethrow_exception(failure);
+    settle();
     co_return std::move(*result);
   }
 }

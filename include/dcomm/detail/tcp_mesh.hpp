@@ -38,12 +38,6 @@ using mesh_sockets = std::vector<tcp::socket>;
 
 namespace mesh_detail {
 
-inline std::string format_rank_set(const std::vector<int>& ranks) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s + "}";
-}
-
 inline tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::string& bind_host,
                                    int rank) {
   tcp::acceptor acceptor(ex);
@@ -117,9 +111,8 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
   // We connect to lower ranks.
   auto connect_all = [&]() -> asio::awaitable<void> {
     for (int p = 0; p < rank; ++p) {
-      auto left = std::chrono::duration_cast<store::duration>(
-          std::max(deadline - clock::now(), clock::duration::zero()));
-      auto where = co_await s->get(options.key_prefix + "/addr/" + std::to_string(p), left);
+      auto where =
+          co_await s->get(options.key_prefix + "/addr/" + std::to_string(p), time_left(deadline));
       auto space = where.rfind(' ');
       std::string host = where.substr(0, space);
       auto port = static_cast<std::uint16_t>(std::stoul(where.substr(space + 1)));
@@ -155,7 +148,7 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
   if (!missing.empty())
     throw_error(errc::timeout, {.operation = "tcp mesh",
                                 .rank = rank,
-                                .peers = "ranks " + mesh_detail::format_rank_set(missing),
+                                .peers = "ranks " + format_ranks(missing),
                                 .detail = "these peers did not connect by the deadline"});
   if (accept_error) std::rethrow_exception(accept_error);
   co_return sockets;

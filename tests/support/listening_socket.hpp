@@ -1,0 +1,31 @@
+// Ports for multi-process tests, without races: a socket bound to port 0
+// before fork, which rank 0 adopts (DCOMM_MASTER_LISTEN_FD / listen_fd)
+// while the others connect to its port.
+#pragma once
+
+#include <cstdint>
+
+#include "dcomm/detail/asio.hpp"
+
+namespace dcomm::test {
+
+struct listening_socket {
+  explicit listening_socket(const char* host = "127.0.0.1") {
+    auto address = asio::ip::make_address(host);
+    acceptor.open(asio::ip::tcp::endpoint(address, 0).protocol());
+    acceptor.bind({address, 0});
+    acceptor.listen();
+    port = acceptor.local_endpoint().port();
+  }
+  int fd() { return acceptor.native_handle(); }
+  asio::io_context ctx;
+  asio::ip::tcp::acceptor acceptor{ctx};
+  std::uint16_t port = 0;
+};
+
+// A port nothing listens on right now (for tests of late or absent servers).
+inline std::uint16_t free_port() {
+  return listening_socket().port;
+}
+
+}  // namespace dcomm::test
