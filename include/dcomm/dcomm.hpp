@@ -3,6 +3,8 @@
 // behind its own include.
 #pragma once
 
+#include "dcomm/backend.hpp"
+#include "dcomm/communicator.hpp"
 #include "dcomm/completion.hpp"
 #include "dcomm/data_partitioner.hpp"
 #include "dcomm/distributed_sampler.hpp"
@@ -18,4 +20,5 @@
 #include "dcomm/store/prefix_store.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/store/tcp_store.hpp"
+#include "dcomm/tcp_backend.hpp"
 #include "dcomm/tensor.hpp"

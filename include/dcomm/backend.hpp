@@ -1,0 +1,179 @@
+// What the communicator front end hands a backend: the group an operation
+// runs on, its deadline and algorithm choice, and the reduction as a
+// type-erased kernel. The Backend concept says which operations a backend
+// model provides; a capability it lacks is a compile error in communicator,
+// never a run-time "unsupported".
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "dcomm/completion.hpp"
+#include "dcomm/dtype.hpp"
+#include "dcomm/reduce_op.hpp"
+#include "dcomm/tensor.hpp"
+
+namespace dcomm {
+
+// Which algorithm a collective uses; automatic picks by size and world.
+// Not every algorithm exists for every operation (docs/communicator.md).
+enum class algorithm : std::uint8_t {
+  automatic,
+  direct,              // every rank exchanges with every other at once
+  recursive_doubling,  // log2(world) rounds of pairwise exchange
+  ring,                // chunked, pipelined ring (reduce-scatter + all-gather)
+  binomial_tree,       // log2(world) levels below the root
+  chain,               // pipelined chain through every rank from the root
+};
+
+constexpr std::string_view name(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::automatic:
+      return "automatic";
+    case algorithm::direct:
+      return "direct";
+    case algorithm::recursive_doubling:
+      return "recursive_doubling";
+    case algorithm::ring:
+      return "ring";
+    case algorithm::binomial_tree:
+      return "binomial_tree";
+    case algorithm::chain:
+      return "chain";
+  }
+  return "unknown";
+}
+
+inline std::optional<algorithm> parse_algorithm(std::string_view s) {
+  for (auto a : {algorithm::automatic, algorithm::direct, algorithm::recursive_doubling,
+                 algorithm::ring, algorithm::binomial_tree, algorithm::chain})
+    if (name(a) == s) return a;
+  return std::nullopt;
+}
+
+// Per-operation overrides (c10d's AllreduceOptions and friends, one
+// aggregate for all): the group's default timeout unless set here.
+struct op_options {
+  std::optional<std::chrono::milliseconds> timeout{};
+  dcomm::algorithm algorithm = dcomm::algorithm::automatic;
+};
+
+// The reduction a collective applies, type-erased for the backend:
+// combine(inout, in, n) does inout[i] = op(inout[i], in[i]).
+struct reducer {
+  reduce_kind kind = reduce_kind::sum;
+  dtype type = dtype::float32;
+  void (*combine_fn)(const reducer& self, void* inout, const void* in, std::size_t n) = nullptr;
+  const void* state = nullptr;  // the user's functor (custom ops)
+
+  void combine(void* inout, const void* in, std::size_t n) const {
+    if (n) combine_fn(*this, inout, in, n);
+  }
+  // avg is a sum divided once, at the end, by the number of ranks.
+  void finish(void* inout, std::size_t n, int ranks) const {
+    if (kind == reduce_kind::avg && n) divide_by(type, inout, n, ranks);
+  }
+};
+
+namespace detail {
+template <class T, class Op>
+void typed_combine(const reducer& self, void* inout, const void* in, std::size_t n) {
+  if constexpr (reduce_kind_of_v<Op> == reduce_kind::custom)
+    reduce_into(*static_cast<const Op*>(self.state), static_cast<T*>(inout),
+                static_cast<const T*>(in), n);
+  else
+    reduce_into(Op{}, static_cast<T*>(inout), static_cast<const T*>(in), n);
+}
+
+inline void runtime_combine(const reducer& self, void* inout, const void* in, std::size_t n) {
+  reduce_into(self.kind, self.type, inout, in, n);
+}
+}  // namespace detail
+
+// A reducer for elements of type T; op must outlive it (custom functors are
+// referenced, not copied).
+template <class T, class Op>
+reducer make_reducer(const Op& op) {
+  check_reduce_op<T, Op>();
+  return {reduce_kind_of_v<Op>, dtype_of_v<T>, &detail::typed_combine<T, std::remove_cvref_t<Op>>,
+          &op};
+}
+
+// A reducer for a dtype known at run time (builtin ops only).
+inline reducer make_reducer(reduce_kind kind, dtype type) {
+  check_reduce_op(kind, type);
+  return {kind, type, &detail::runtime_combine, nullptr};
+}
+
+// A group of ranks as every backend sees it: its members as global ranks,
+// this process's place in it, and the counter that numbers its collectives
+// (every member calls them in the same order, so the numbers agree).
+struct group_state {
+  std::uint64_t id = 0;
+  std::string name = "the world group";
+  std::vector<int> ranks{};  // group rank -> global rank
+  int rank = 0;              // this process's group rank
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::atomic<std::uint64_t> next_seq{0};
+  std::atomic<std::uint64_t> children{0};  // groups made from this one
+
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+// One operation as the front end hands it over.
+struct op_context {
+  std::shared_ptr<group_state> group{};
+  std::uint64_t seq = 0;  // collectives: the group's sequence number; p2p: the tag
+  clock::time_point deadline{};
+  dcomm::algorithm algorithm = dcomm::algorithm::automatic;
+};
+
+// Makes the output of the _v collectives once the counts are known:
+// receives the element count from every rank, returns where to write.
+using output_allocator = std::function<tensor_view(std::span<const std::size_t>)>;
+
+// What communicator<Backend> needs from a backend. Every operation is a
+// coroutine on the backend's executor; views are already validated.
+template <class B>
+concept backend = requires {
+  typename B::options;
+  { B::name } -> std::convertible_to<std::string_view>;
+  // Capabilities checked at compile time by the front end.
+  { B::supports_custom_reduce } -> std::convertible_to<bool>;
+  { B::supports_bitwise_reduce } -> std::convertible_to<bool>;
+}
+&&requires(B& b, const op_context& c, const_tensor_view in, tensor_view out, reducer r, int peer,
+           output_allocator alloc, std::vector<std::size_t> counts) {
+  { b.get_executor() } -> std::convertible_to<asio::any_io_executor>;
+  { b.rank() } -> std::convertible_to<int>;
+  { b.world_size() } -> std::convertible_to<int>;
+  {b.abort()};
+  { b.send(c, in, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.recv(c, out, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.barrier(c) } -> std::same_as<asio::awaitable<void>>;
+  { b.broadcast(c, out, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.reduce(c, in, out, r, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.all_reduce(c, in, out, r) } -> std::same_as<asio::awaitable<void>>;
+  { b.scatter(c, in, out, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.gather(c, in, out, peer) } -> std::same_as<asio::awaitable<void>>;
+  { b.all_gather(c, in, out) } -> std::same_as<asio::awaitable<void>>;
+  { b.reduce_scatter(c, in, out, r) } -> std::same_as<asio::awaitable<void>>;
+  { b.all_to_all(c, in, out) } -> std::same_as<asio::awaitable<void>>;
+  { b.all_gather_v(c, in, alloc) } -> std::same_as<asio::awaitable<std::vector<std::size_t>>>;
+  {
+    b.all_to_all_v(c, in, counts, alloc)
+    } -> std::same_as<asio::awaitable<std::vector<std::size_t>>>;
+};
+
+}  // namespace dcomm

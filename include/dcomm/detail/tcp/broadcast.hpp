@@ -1,0 +1,46 @@
+// broadcast on the TCP backend.
+//   binomial_broadcast: small messages; log2(n) levels, each rank receives
+//     once from its parent and sends to its children.
+//   chain_broadcast: large messages; root -> root+1 -> ... in chunks, each
+//     chunk passed on as soon as it has arrived.
+#pragma once
+
+#include "dcomm/detail/tcp/call.hpp"
+
+namespace dcomm::detail::tcp_net {
+
+inline asio::awaitable<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
+  const int n = c.size(), v = mod(c.rank() - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (v & mask) {
+      co_await c.wait(c.recv(mod(v - mask + root, n), 0, buf, bytes));
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (v + mask < n) c.send(mod(v + mask + root, n), 0, buf, bytes);
+}
+
+inline asio::awaitable<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
+                                             std::size_t chunk_bytes) {
+  const int n = c.size(), v = mod(c.rank() - root, n);
+  const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
+  const int prev = mod(v - 1 + root, n), next = mod(v + 1 + root, n);
+  std::vector<io_item*> recvs(chunks);
+  if (v > 0)
+    for (std::size_t j = 0; j < chunks; ++j) {
+      extent e = split(bytes, chunks, j);
+      recvs[j] = &c.recv(prev, static_cast<std::uint32_t>(j), bytes_at(buf, e.offset), e.count);
+    }
+  for (std::size_t j = 0; j < chunks; ++j) {
+    if (v > 0) co_await c.wait(*recvs[j]);
+    if (v + 1 < n) {
+      extent e = split(bytes, chunks, j);
+      c.send(next, static_cast<std::uint32_t>(j), bytes_at(buf, e.offset), e.count);
+    }
+  }
+}
+
+}  // namespace dcomm::detail::tcp_net

@@ -1,0 +1,157 @@
+// One operation of the TCP backend in progress: the algorithms post sends
+// and receives to group ranks through it and wait for them; it carries the
+// deadline, the call signature and the error context.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/detail/tcp/transport.hpp"
+
+namespace dcomm::detail::tcp_net {
+
+// Sizes that decide and shape the algorithms.
+struct algorithm_limits {
+  std::size_t chunk_bytes = 512 * 1024;      // pipelining unit of ring and chain
+  std::size_t small_all_reduce = 64 * 1024;  // below: recursive doubling
+  std::size_t small_broadcast = 256 * 1024;  // below: binomial tree (and reduce)
+  std::size_t small_all_gather = 64 * 1024;  // total output below: direct
+  std::size_t small_reduce_scatter = 64 * 1024;
+};
+
+// Elements [offset, offset + count) of a buffer.
+struct extent {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+// Part i of `count` elements split into `parts` as evenly as possible (the
+// first count % parts parts get one more).
+inline extent split(std::size_t count, std::size_t parts, std::size_t i) {
+  std::size_t base = count / parts, extra = count % parts;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+inline int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+class call {
+ public:
+  call(transport& t, const op_context& ctx, bool collective, call_signature sig,
+       const char* operation)
+      : t_(t), group_(*ctx.group), op_(t.get_executor(), ctx.deadline) {
+    op_.operation = operation;
+    op_.collective = collective;
+    op_.group = group_.id;
+    op_.group_name = group_.name;
+    op_.seq = ctx.seq;
+    op_.sig = sig;
+    key_.collective = collective ? 1 : 0;
+    key_.group = group_.id;
+    key_.seq = ctx.seq;
+    if (collective) op_.members = group_.ranks;
+    t_.add_op(op_);
+  }
+  call(const call&) = delete;
+  call& operator=(const call&) = delete;
+  ~call() { t_.remove_op(op_); }
+
+  int rank() const { return group_.rank; }
+  int size() const { return group_.size(); }
+  const call_signature& signature() const { return op_.sig; }
+  transport& net() { return t_; }
+
+  // A p2p call needs only its peer.
+  void needs(int group_peer) { op_.members.push_back(global(group_peer)); }
+
+  io_item& recv(int group_peer, std::uint32_t step, void* dst, std::size_t bytes) {
+    io_item& it = make(group_peer, step, bytes);
+    it.recv_buffer = dst;
+    t_.post_recv(it);
+    return it;
+  }
+  io_item& send(int group_peer, std::uint32_t step, const void* src, std::size_t bytes) {
+    io_item& it = make(group_peer, step, bytes);
+    it.is_send = true;
+    it.send_buffer = src;
+    t_.post_send(it);
+    return it;
+  }
+
+  asio::awaitable<void> wait(io_item& it) {
+    co_await t_.wait(op_, [&it] { return it.state == item_state::done; });
+  }
+  asio::awaitable<void> wait_all() {
+    co_await t_.wait(op_, [this] {
+      return std::all_of(op_.items.begin(), op_.items.end(),
+                         [](const io_item& i) { return i.state == item_state::done; });
+    });
+  }
+
+  // Runs an algorithm to the end: every message done, or everything taken
+  // back before the failure is rethrown.
+  template <class Body>
+  asio::awaitable<void> run(Body body) {
+    if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
+    std::exception_ptr failure;
+    try {
+      co_await body();
+      co_await wait_all();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) co_await t_.abandon(op_, failure);
+  }
+
+  // Rejects input before anything is sent, naming the call.
+  [[noreturn]] void invalid(std::string detail) {
+    std::rethrow_exception(t_.make_error(errc::invalid_argument, op_, {}, std::move(detail)));
+  }
+
+ private:
+  int global(int group_peer) const { return group_.ranks[static_cast<std::size_t>(group_peer)]; }
+
+  io_item& make(int group_peer, std::uint32_t step, std::size_t bytes) {
+    io_item& it = op_.items.emplace_back();
+    it.op = &op_;
+    it.peer = global(group_peer);
+    it.key = key_;
+    it.key.step = step;
+    it.sig = op_.sig;
+    it.bytes = bytes;
+    return it;
+  }
+
+  transport& t_;
+  group_state& group_;
+  op_state op_;
+  match_key key_{};
+};
+
+inline char* bytes_at(void* p, std::size_t offset) {
+  return static_cast<char*>(p) + offset;
+}
+inline const char* bytes_at(const void* p, std::size_t offset) {
+  return static_cast<const char*>(p) + offset;
+}
+
+// Scratch memory for an algorithm. One per backend would race between
+// concurrent calls, so each call has its own. An algorithm that sends from
+// or receives into its scratch must wait_all() before returning.
+struct scratch {
+  std::vector<std::byte> bytes;
+  void* get(std::size_t n) {
+    if (bytes.size() < n) bytes.resize(n);
+    return bytes.data();
+  }
+};
+
+}  // namespace dcomm::detail::tcp_net

@@ -1,0 +1,870 @@
+// The TCP backend's transport: one socket per peer (from connect_mesh), on
+// which every operation of every group travels as framed messages.
+//
+// Frames (a fixed wire_header, then `bytes` of payload for eager and data):
+//   eager  small message, payload follows; matched on arrival
+//   rts    "ready to send" a large message: header only, matched on arrival
+//   cts    the receiver's answer once a matching receive is posted
+//   data   the large payload, sent after cts, read straight into the buffer
+//   fail   "your call did not match mine": the peer fails its call too
+// Messages are matched per link by (collective?, group, tag or sequence
+// number, step), first in first out, so two messages with the same key
+// arrive in the order they were sent. Large messages wait for a posted
+// receive, so an unexpected message never holds more than the eager limit.
+//
+// Everything here runs on one strand: no locks. An operation ("call") owns
+// its io_items; it completes only once no socket operation still references
+// a buffer it was given, so callers may free their buffers right after.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "dcomm/completion.hpp"
+#include "dcomm/detail/log.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/tcp_mesh.hpp"
+#include "dcomm/dtype.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/reduce_op.hpp"
+
+namespace dcomm::detail::tcp_net {
+
+// Which collective a message belongs to; part of the call signature.
+enum class coll_op : std::uint8_t {
+  p2p = 0,
+  barrier,
+  broadcast,
+  reduce,
+  all_reduce,
+  scatter,
+  gather,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  all_gather_v,
+  all_to_all_v,
+  counts,  // the count exchange of the _v and object forms
+};
+
+inline const char* name(coll_op op) {
+  static constexpr const char* names[] = {
+      "send/recv",    "barrier",      "broadcast",     "reduce",         "all_reduce",
+      "scatter",      "gather",       "all_gather",    "reduce_scatter", "all_to_all",
+      "all_gather_v", "all_to_all_v", "count exchange"};
+  auto i = static_cast<std::size_t>(op);
+  return i < std::size(names) ? names[i] : "unknown op";
+}
+
+// What a collective was called with. Every message carries the sender's, so
+// ranks that disagree fail with errc::mismatch instead of mixing data.
+struct call_signature {
+  coll_op op = coll_op::p2p;
+  dtype type = dtype::uint8;
+  reduce_kind reduce = reduce_kind::sum;
+  std::uint8_t has_reduce = 0;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;  // elements per rank; 0 for the _v forms
+
+  friend bool operator==(const call_signature&, const call_signature&) = default;
+};
+
+inline std::string describe(const call_signature& s) {
+  std::string d = name(s.op);
+  if (s.op == coll_op::p2p || s.op == coll_op::barrier) return d;
+  d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
+  if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
+  if (s.root >= 0) d += ", root " + std::to_string(s.root);
+  return d + ")";
+}
+
+enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail };
+
+// Why a fail frame was sent (its cookie); cookie2 names the lost rank.
+enum class fail_reason : std::uint64_t { mismatch = 1, peer_lost, timeout, other };
+
+inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
+
+// Ranks of one job run the same build on the same architecture: the header
+// travels in native byte order; the magic catches anything else.
+struct wire_header {
+  std::uint32_t magic = wire_magic;
+  msg_kind kind = msg_kind::eager;
+  std::uint8_t collective = 0;
+  std::uint16_t reserved = 0;
+  call_signature sig{};
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
+  std::uint32_t step = 0;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
+  std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
+  std::uint64_t cookie2 = 0;  // cts: the receiver's id
+};
+static_assert(std::is_trivially_copyable_v<wire_header>);
+
+struct match_key {
+  std::uint8_t collective = 0;
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t step = 0;
+  friend bool operator==(const match_key&, const match_key&) = default;
+};
+
+struct match_key_hash {
+  std::size_t operator()(const match_key& k) const noexcept {
+    std::uint64_t h = k.group * 0x9e3779b97f4a7c15ull;
+    h ^= k.seq + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    h ^= (std::uint64_t{k.step} << 1 | k.collective) + 0x94d049bb133111ebull + (h << 6) + (h >> 2);
+    return static_cast<std::size_t>(h);
+  }
+};
+
+inline match_key key_of(const wire_header& h) {
+  return {h.collective, h.group, h.seq, h.step};
+}
+
+struct op_state;
+
+enum class item_state : std::uint8_t {
+  created,
+  posted,         // receive waiting for its message
+  awaiting_data,  // receive that sent cts
+  queued,         // send whose frame waits to be written
+  awaiting_cts,   // large send that sent rts
+  done,
+  failed,
+};
+
+// One message of a call, to or from one peer (a global rank).
+struct io_item {
+  op_state* op = nullptr;
+  int peer = -1;
+  bool is_send = false;
+  match_key key{};
+  call_signature sig{};
+  void* recv_buffer = nullptr;
+  const void* send_buffer = nullptr;
+  std::size_t bytes = 0;
+  item_state state = item_state::created;
+  bool in_flight = false;  // a socket operation is reading into / writing from the buffer
+  std::uint64_t id = 0;
+
+  bool finished() const { return state == item_state::done || state == item_state::failed; }
+};
+
+// One operation in progress: its items, its deadline, how it failed.
+struct op_state {
+  op_state(asio::any_io_executor ex, clock::time_point deadline_)
+      : timer(ex, deadline_), deadline(deadline_) {}
+  op_state(const op_state&) = delete;
+  op_state& operator=(const op_state&) = delete;
+
+  asio::steady_timer timer;  // expires at the deadline; cancelled to wake the op
+  clock::time_point deadline;
+  std::exception_ptr failure;
+  std::deque<io_item> items;  // a deque: addresses stay valid as it grows
+  // For messages and for deciding which peers it needs.
+  const char* operation = "";
+  bool collective = false;
+  std::uint64_t group = 0;
+  std::string group_name;
+  std::uint64_t seq = 0;
+  call_signature sig{};
+  std::vector<int> members;  // global ranks: whose loss fails it at start, whom to tell of failure
+  int lost_rank = -1;        // failed because this rank's link closed
+  bool failed_by_peer = false;  // a peer's fail frame failed it: no need to tell the others
+  bool notified = false;
+
+  void wake() { timer.cancel(); }
+};
+
+struct transport_options {
+  std::size_t eager_limit = 64 * 1024;
+  std::size_t stage_bytes = 256 * 1024;
+  std::size_t max_batch = 16;  // frames per gathered write
+};
+
+class transport : public std::enable_shared_from_this<transport> {
+ public:
+  transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
+            transport_options options)
+      : ex_(std::move(ex)), rank_(rank), world_(world), options_(options) {
+    links_.reserve(sockets.size());
+    for (auto& s : sockets) {
+      auto l = std::make_unique<link>(std::move(s));
+      l->stage.resize(options_.stage_bytes);
+      asio::error_code ec;
+      if (l->socket.is_open()) {
+        auto ep = l->socket.remote_endpoint(ec);
+        if (!ec) l->address = endpoint_address(ep);
+      }
+      links_.push_back(std::move(l));
+    }
+  }
+
+  // Starts one reader per peer; call once, on the strand.
+  void start() {
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_) asio::co_spawn(ex_, reader(shared_from_this(), p), asio::detached);
+  }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const transport_options& options() const { return options_; }
+  const asio::any_io_executor& get_executor() const { return ex_; }
+  bool peer_lost(int p) const { return links_[static_cast<std::size_t>(p)]->lost; }
+  const std::string& lost_reason(int p) const { return links_[static_cast<std::size_t>(p)]->why; }
+  std::string peer_address(int p) const { return links_[static_cast<std::size_t>(p)]->address; }
+  bool stopped() const { return aborted_ || closed_; }
+
+  void add_op(op_state& op) {
+    ops_.insert(&op);
+    if (aborted_ || closed_) {
+      fail_op(op, make_error(aborted_ ? errc::aborted : errc::closed, op, {},
+                             aborted_ ? "the communicator was aborted"
+                                      : "the communicator was destroyed"));
+      return;
+    }
+    for (int p : op.members)
+      if (p != rank_ && peer_lost(p)) {
+        fail_op(op, lost_error(op, p));
+        return;
+      }
+    if (op.collective) {
+      auto it = failed_calls_.find(call_id{op.group, op.seq});
+      if (it != failed_calls_.end()) fail_op(op, it->second);
+    }
+  }
+  void remove_op(op_state& op) { ops_.erase(&op); }
+
+  void fail_op(op_state& op, std::exception_ptr e) {
+    if (op.failure) return;
+    op.failure = std::move(e);
+    op.wake();
+  }
+
+  // Posting. The item's fields (peer, key, sig, buffer, bytes) are set.
+  void post_recv(io_item& it) {
+    it.id = ++next_id_;
+    link& l = *links_[static_cast<std::size_t>(it.peer)];
+    // Before the lost check: a peer that sent its last message and left
+    // is no error for the receive that message was for.
+    auto u = l.unexpected.find(it.key);
+    if (u != l.unexpected.end() && !u->second.empty()) {
+      unexpected_msg msg = std::move(u->second.front());
+      u->second.pop_front();
+      if (u->second.empty()) l.unexpected.erase(u);
+      if (!check_match(it, msg.header)) return;
+      if (msg.header.kind == msg_kind::rts) {
+        if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
+        return start_data(l, it, msg.header);
+      }
+      std::memcpy(it.recv_buffer, msg.payload.data(), it.bytes);
+      return complete(it);
+    }
+    if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
+    it.state = item_state::posted;
+    l.posted[it.key].push_back(&it);
+  }
+
+  void post_send(io_item& it) {
+    it.id = ++next_id_;
+    link& l = *links_[static_cast<std::size_t>(it.peer)];
+    if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
+    wire_header h = header_for(it);
+    if (it.bytes <= options_.eager_limit) {
+      h.kind = msg_kind::eager;
+      it.state = item_state::queued;
+      l.frames.push_back({h, it.send_buffer, it.bytes, &it});
+    } else {
+      h.kind = msg_kind::rts;
+      h.cookie = it.id;
+      it.state = item_state::awaiting_cts;
+      l.awaiting_cts[it.id] = &it;
+      l.frames.push_back({h, nullptr, 0, nullptr});
+    }
+    start_write(it.peer);
+  }
+
+  // Waits until pred() holds; on failure or at the deadline, cancels the
+  // op's items, waits until no I/O touches its buffers, and throws.
+  template <class Pred>
+  asio::awaitable<void> wait(op_state& op, Pred pred) {
+    for (;;) {
+      if (op.failure) break;
+      if (pred()) co_return;
+      asio::error_code ec;
+      co_await op.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (!ec && !op.failure && !pred()) fail_op(op, timeout_error(op));
+    }
+    co_await abandon(op);
+  }
+
+  // Fails the op (if it has not failed), takes back its items and waits
+  // until no socket operation references them; then throws the failure.
+  asio::awaitable<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
+    if (!op.failure)
+      op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
+    if (op.collective && !op.failed_by_peer && !op.notified) notify_group(op);
+    for (auto& it : op.items) cancel_item(it);
+    // Closing a link completes its socket operations promptly; the bound
+    // only guards against a bug turning into a hang.
+    op.timer.expires_after(std::chrono::seconds(10));
+    while (std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; })) {
+      asio::error_code ec;
+      co_await op.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (!ec) {
+        log(log_level::error, "tcp transport: socket operations still pending 10 s after closing");
+        break;
+      }
+    }
+    std::rethrow_exception(op.failure);
+  }
+
+  // Fails every pending and future operation; closes every link.
+  void abort() {
+    if (aborted_) return;
+    aborted_ = true;
+    for (auto& l : links_) close_link(*l);
+    std::vector<op_state*> ops(ops_.begin(), ops_.end());
+    for (auto* op : ops)
+      fail_op(*op, make_error(errc::aborted, *op, {}, "the communicator was aborted"));
+  }
+
+  // The communicator was destroyed: say goodbye (orderly close) and fail
+  // what is still pending.
+  void close() {
+    if (closed_ || aborted_) return;
+    closed_ = true;
+    for (auto& l : links_) close_link(*l);
+    std::vector<op_state*> ops(ops_.begin(), ops_.end());
+    for (auto* op : ops)
+      fail_op(*op, make_error(errc::closed, *op, {}, "the communicator was destroyed"));
+  }
+
+  // Errors that name the op, its group and sequence number.
+  std::exception_ptr make_error(errc code, const op_state& op, std::string peers,
+                                std::string detail, std::string address = {}) const {
+    std::string where;
+    if (op.collective)
+      where = "call #" + std::to_string(op.seq) + " on " + op.group_name + ": ";
+    else if (!op.group_name.empty())
+      where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " + op.group_name +
+              ": ";
+    return std::make_exception_ptr(error(code, {.operation = op.operation,
+                                                .rank = rank_,
+                                                .peers = std::move(peers),
+                                                .address = std::move(address),
+                                                .detail = where + detail}));
+  }
+
+ private:
+  struct frame {
+    wire_header header{};
+    const void* payload = nullptr;
+    std::size_t bytes = 0;
+    io_item* item = nullptr;  // the send whose payload this is (eager, data)
+    bool cancelled = false;   // taken back before it was written: skipped
+  };
+  struct unexpected_msg {
+    wire_header header{};
+    std::vector<std::byte> payload{};
+  };
+  struct link {
+    explicit link(tcp::socket s) : socket(std::move(s)) {}
+    tcp::socket socket;
+    std::string address;
+    bool lost = false;
+    std::string why;
+    // Receiving.
+    std::unordered_map<match_key, std::deque<io_item*>, match_key_hash> posted;
+    std::unordered_map<match_key, std::deque<unexpected_msg>, match_key_hash> unexpected;
+    std::unordered_map<std::uint64_t, io_item*> awaiting_data;  // by our id
+    std::vector<char> stage;
+    std::size_t begin = 0, end = 0;
+    io_item* reading = nullptr;  // the receive whose buffer a read targets
+    // Sending.
+    std::deque<frame> frames;
+    std::size_t batch = 0;                                     // frames at the front being written
+    std::unordered_map<std::uint64_t, io_item*> awaiting_cts;  // by our id
+    std::vector<asio::const_buffer> gather;
+  };
+  struct call_id {
+    std::uint64_t group, seq;
+    friend bool operator==(const call_id&, const call_id&) = default;
+  };
+  struct call_id_hash {
+    std::size_t operator()(const call_id& c) const noexcept {
+      return static_cast<std::size_t>(c.group * 0x9e3779b97f4a7c15ull ^ c.seq);
+    }
+  };
+
+  wire_header header_for(const io_item& it) const {
+    wire_header h;
+    h.collective = it.key.collective;
+    h.sig = it.sig;
+    h.group = it.key.group;
+    h.seq = it.key.seq;
+    h.step = it.key.step;
+    h.bytes = it.bytes;
+    return h;
+  }
+
+  std::exception_ptr lost_error(op_state& op, int peer) const {
+    if (op.lost_rank < 0) op.lost_rank = peer;
+    const link& l = *links_[static_cast<std::size_t>(peer)];
+    return make_error(errc::peer_lost, op, "rank " + std::to_string(peer),
+                      l.why.empty() ? std::string("the connection is closed") : l.why, l.address);
+  }
+
+  std::exception_ptr timeout_error(const op_state& op) const {
+    std::vector<int> waiting;
+    for (const auto& it : op.items)
+      if (!it.finished()) waiting.push_back(it.peer);
+    std::sort(waiting.begin(), waiting.end());
+    waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
+    return make_error(errc::timeout, op, waiting.empty() ? "" : "ranks " + format_ranks(waiting),
+                      waiting.empty() ? "the deadline passed"
+                                      : "the deadline passed without hearing from these peers");
+  }
+
+  void fail_item(io_item& it, std::exception_ptr e) {
+    it.state = item_state::failed;
+    fail_op(*it.op, std::move(e));
+  }
+
+  void complete(io_item& it) {
+    it.state = item_state::done;
+    it.op->wake();
+  }
+
+  // A message from it.peer arrived for a posted receive: does it fit?
+  bool check_match(io_item& it, const wire_header& h) {
+    bool same_call = !h.collective || h.sig == it.sig;
+    if (same_call && h.bytes == it.bytes) return true;
+    std::string detail;
+    if (!same_call)
+      detail = "ranks called different collectives: rank " + std::to_string(it.peer) + " called " +
+               describe(h.sig) + ", this rank called " + describe(it.sig);
+    else
+      detail = "message size mismatch: rank " + std::to_string(it.peer) + " sent " +
+               std::to_string(h.bytes) + " bytes, this rank expects " + std::to_string(it.bytes) +
+               " bytes (a receive never truncates)";
+    auto e = make_error(errc::mismatch, *it.op, "rank " + std::to_string(it.peer), detail);
+    fail_item(it, e);
+    if (h.collective) {
+      failed_calls_[call_id{h.group, h.seq}] = e;  // abandon() tells the whole group
+    } else {
+      // Tell the sender, so its send fails now rather than at its deadline.
+      wire_header f = h;
+      f.kind = msg_kind::fail;
+      f.sig = it.sig;
+      f.bytes = it.bytes;
+      f.cookie = static_cast<std::uint64_t>(fail_reason::mismatch);
+      links_[static_cast<std::size_t>(it.peer)]->frames.push_back({f, nullptr, 0, nullptr});
+      start_write(it.peer);
+    }
+    return false;
+  }
+
+  // A collective failed here: every other member learns it at once, so
+  // ranks that do not talk to the culprit directly fail now too.
+  void notify_group(op_state& op) {
+    op.notified = true;
+    fail_reason reason = fail_reason::other;
+    try {
+      std::rethrow_exception(op.failure);
+    } catch (const error& e) {
+      // Refused input is refused on every rank that passed it; nothing to tell.
+      if (e.code() == errc::invalid_argument) return;
+      if (e.code() == errc::mismatch) reason = fail_reason::mismatch;
+      if (e.code() == errc::peer_lost) reason = fail_reason::peer_lost;
+      if (e.code() == errc::timeout) reason = fail_reason::timeout;
+    } catch (...) {
+    }
+    wire_header f;
+    f.kind = msg_kind::fail;
+    f.collective = 1;
+    f.sig = op.sig;
+    f.group = op.group;
+    f.seq = op.seq;
+    f.cookie = static_cast<std::uint64_t>(reason);
+    f.cookie2 = static_cast<std::uint64_t>(op.lost_rank + 1);
+    for (int p : op.members) {
+      if (p == rank_ || peer_lost(p)) continue;
+      links_[static_cast<std::size_t>(p)]->frames.push_back({f, nullptr, 0, nullptr});
+      start_write(p);
+    }
+  }
+
+  void on_fail_frame(int peer, const wire_header& h) {
+    const auto reason = static_cast<fail_reason>(h.cookie);
+    const int lost = static_cast<int>(h.cookie2) - 1;
+    errc code = errc::aborted;
+    std::string detail;
+    std::string who = "rank " + std::to_string(peer);
+    switch (reason) {
+      case fail_reason::mismatch:
+        code = errc::mismatch;
+        detail = h.collective
+                     ? "ranks called different collectives: rank " + std::to_string(peer) +
+                           " called " + describe(h.sig) + " and found a call that does not match"
+                     : "rank " + std::to_string(peer) + " expected " + std::to_string(h.bytes) +
+                           " bytes for this message (a receive never truncates)";
+        break;
+      case fail_reason::peer_lost:
+        code = errc::peer_lost;
+        who = "rank " + std::to_string(lost);
+        detail = "rank " + std::to_string(peer) + " lost its connection to rank " +
+                 std::to_string(lost) + " during this call";
+        break;
+      case fail_reason::timeout:
+        code = errc::timeout;
+        detail = "rank " + std::to_string(peer) + " reached its deadline in this call and gave up";
+        break;
+      default:
+        detail = "rank " + std::to_string(peer) + " gave up on this call";
+        break;
+    }
+    for (auto* op : std::vector<op_state*>(ops_.begin(), ops_.end())) {
+      bool hit = h.collective ? op->collective && op->group == h.group && op->seq == h.seq
+                              : !op->collective && op->group == h.group && op->seq == h.seq &&
+                                    std::any_of(op->items.begin(), op->items.end(),
+                                                [&](auto& i) { return i.peer == peer; });
+      if (!hit || op->failure) continue;
+      op->failed_by_peer = true;
+      fail_op(*op, make_error(code, *op, who,
+                              code == errc::mismatch && h.collective
+                                  ? detail + "; this rank called " + describe(op->sig)
+                                  : detail));
+    }
+    if (h.collective)
+      failed_calls_[call_id{h.group, h.seq}] = std::make_exception_ptr(error(
+          code, {.operation = name(h.sig.op), .rank = rank_, .peers = who, .detail = detail}));
+  }
+
+  // A large receive found its rts: ask for the data.
+  void start_data(link& l, io_item& it, const wire_header& rts) {
+    it.state = item_state::awaiting_data;
+    l.awaiting_data[it.id] = &it;
+    wire_header c = rts;
+    c.kind = msg_kind::cts;
+    c.cookie = rts.cookie;
+    c.cookie2 = it.id;
+    l.frames.push_back({c, nullptr, 0, nullptr});
+    start_write(it.peer);
+  }
+
+  // Takes back an item of a failed op. I/O in progress on its buffer can
+  // only be stopped by closing the link (the stream would be out of step).
+  void cancel_item(io_item& it) {
+    if (it.finished() && !it.in_flight) return;
+    link& l = *links_[static_cast<std::size_t>(it.peer)];
+    switch (it.state) {
+      case item_state::posted: {
+        auto p = l.posted.find(it.key);
+        if (p != l.posted.end()) {
+          std::erase(p->second, &it);
+          if (p->second.empty()) l.posted.erase(p);
+        }
+        break;
+      }
+      case item_state::awaiting_data:
+        l.awaiting_data.erase(it.id);
+        break;
+      case item_state::awaiting_cts:
+        l.awaiting_cts.erase(it.id);
+        break;
+      case item_state::queued:
+        // Marked, not erased: erasing inside a deque would move the frames
+        // a gathered write in progress points into.
+        if (!it.in_flight)
+          for (std::size_t i = l.batch; i < l.frames.size(); ++i)
+            if (l.frames[i].item == &it) {
+              l.frames[i].cancelled = true;
+              l.frames[i].item = nullptr;
+              break;
+            }
+        break;
+      default:
+        break;
+    }
+    if (it.in_flight) {
+      if (!l.lost)
+        lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
+                               "'s call failed in the middle of a message");
+    }
+    if (!it.finished()) it.state = item_state::failed;
+  }
+
+  void close_link(link& l) {
+    asio::error_code ignored;
+    if (l.socket.is_open()) {
+      l.socket.shutdown(tcp::socket::shutdown_both, ignored);
+      l.socket.close(ignored);
+    }
+  }
+
+  // The connection to `peer` is gone: everything that needs it fails.
+  void lose_link(int peer, std::string why) {
+    link& l = *links_[static_cast<std::size_t>(peer)];
+    if (l.lost) return;
+    l.lost = true;
+    l.why = std::move(why);
+    close_link(l);
+    bool failed_any = false;
+    auto fail_pending = [&](io_item* it) {
+      if (it->finished()) return;
+      failed_any = true;
+      fail_item(*it, lost_error(*it->op, peer));
+    };
+    for (auto& [key, q] : l.posted)
+      for (auto* it : q) fail_pending(it);
+    l.posted.clear();
+    for (auto& [id, it] : l.awaiting_data) fail_pending(it);
+    l.awaiting_data.clear();
+    for (auto& [id, it] : l.awaiting_cts) fail_pending(it);
+    l.awaiting_cts.clear();
+    for (std::size_t i = 0; i < l.frames.size(); ++i)
+      if (l.frames[i].item) fail_pending(l.frames[i].item);
+    l.frames.erase(l.frames.begin() + static_cast<std::ptrdiff_t>(l.batch), l.frames.end());
+    // l.unexpected stays: those messages arrived before the link closed.
+    // Calls that still needed this peer have failed above; the others
+    // learn it when they post to it, and calls not yet started when they
+    // start (add_op). A peer that finished and left is no error by itself.
+    if (!stopped() && failed_any)
+      log(log_level::warning,
+          "rank " + std::to_string(rank_) + " lost rank " + std::to_string(peer) + ": " + l.why);
+  }
+
+  // Writing: frames go out in order, several per gathered write.
+  void start_write(int peer) {
+    link& l = *links_[static_cast<std::size_t>(peer)];
+    if (l.batch > 0 || l.frames.empty() || l.lost) return;
+    l.gather.clear();
+    std::size_t total = 0;
+    while (!l.frames.empty() && l.frames.front().cancelled) l.frames.pop_front();
+    if (l.frames.empty()) return;
+    while (l.batch < l.frames.size() && l.batch < options_.max_batch) {
+      frame& f = l.frames[l.batch];
+      if (f.cancelled) {
+        ++l.batch;  // written as nothing, popped with the batch
+        continue;
+      }
+      l.gather.push_back(asio::buffer(&f.header, sizeof f.header));
+      if (f.bytes > 0) l.gather.push_back(asio::buffer(f.payload, f.bytes));
+      if (f.item) f.item->in_flight = true;
+      total += sizeof f.header + f.bytes;
+      ++l.batch;
+      if (f.bytes > options_.eager_limit) break;  // a large payload goes on its own
+    }
+    asio::async_write(
+        l.socket, l.gather,
+        [total](const asio::error_code& ec, std::size_t done) -> std::size_t {
+          return ec ? 0 : total - done;
+        },
+        [self = shared_from_this(), peer](const asio::error_code& ec, std::size_t) {
+          self->on_written(peer, ec);
+        });
+  }
+
+  void on_written(int peer, const asio::error_code& ec) {
+    link& l = *links_[static_cast<std::size_t>(peer)];
+    for (std::size_t i = 0; i < l.batch; ++i) {
+      io_item* it = l.frames[i].item;
+      if (!it) continue;
+      it->in_flight = false;
+      if (ec)
+        fail_item(*it, lost_error(*it->op, peer));
+      else if (!it->finished())
+        complete(*it);
+      it->op->wake();  // also when its op is draining
+    }
+    l.frames.erase(l.frames.begin(), l.frames.begin() + static_cast<std::ptrdiff_t>(l.batch));
+    l.batch = 0;
+    if (ec) {
+      if (!l.lost) lose_link(peer, "writing to it failed: " + ec.message());
+      return;
+    }
+    start_write(peer);
+  }
+
+  // Reading: one coroutine per peer parses frames out of a staging buffer;
+  // payloads for posted receives go straight into the receiver's buffer.
+  static asio::awaitable<void> fill(link& l, std::size_t n) {
+    if (l.end - l.begin >= n) co_return;
+    if (l.begin > 0) {
+      std::memmove(l.stage.data(), l.stage.data() + l.begin, l.end - l.begin);
+      l.end -= l.begin;
+      l.begin = 0;
+    }
+    while (l.end < n)
+      l.end += co_await l.socket.async_read_some(
+          asio::buffer(l.stage.data() + l.end, l.stage.size() - l.end), asio::use_awaitable);
+  }
+
+  // Reads n payload bytes into dst (nullptr: discard them).
+  static asio::awaitable<void> read_payload(link& l, char* dst, std::size_t n) {
+    for (;;) {
+      std::size_t take = std::min(n, l.end - l.begin);
+      if (dst && take) std::memcpy(dst, l.stage.data() + l.begin, take);
+      l.begin += take;
+      n -= take;
+      if (dst) dst += take;
+      if (n == 0) co_return;
+      if (dst && n >= l.stage.size() / 4) {
+        co_await asio::async_read(
+            l.socket, asio::buffer(dst, n),
+            [n](const asio::error_code& ec, std::size_t done) -> std::size_t {
+              return ec ? 0 : n - done;
+            },
+            asio::use_awaitable);
+        co_return;
+      }
+      co_await fill(l, std::min(n, l.stage.size()));
+    }
+  }
+
+  static asio::awaitable<void> reader(std::shared_ptr<transport> self, int peer) {
+    link& l = *self->links_[static_cast<std::size_t>(peer)];
+    std::string why;
+    try {
+      for (;;) co_await self->read_frame(l, peer);
+    } catch (const dcomm::error& e) {
+      why = e.what();
+    } catch (const std::system_error& e) {
+      why = e.code() == asio::error::eof ? "it closed the connection (exited or destroyed its "
+                                           "communicator)"
+                                         : "reading from it failed: " + e.code().message();
+    } catch (const std::exception& e) {
+      why = std::string("reading from it failed: ") + e.what();
+    }
+    if (l.reading) {
+      io_item* it = l.reading;
+      l.reading = nullptr;
+      it->in_flight = false;
+      it->op->wake();
+    }
+    if (!l.lost) self->lose_link(peer, why);
+  }
+
+  asio::awaitable<void> read_frame(link& l, int peer) {
+    co_await fill(l, sizeof(wire_header));
+    wire_header h;
+    std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
+    l.begin += sizeof h;
+    if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::fail)
+      throw_error(errc::protocol_error,
+                  {.operation = "tcp transport",
+                   .rank = rank_,
+                   .peers = "rank " + std::to_string(peer),
+                   .detail = "a frame that is not dcomm's (different dcomm versions?)"});
+    const match_key key = key_of(h);
+    switch (h.kind) {
+      case msg_kind::eager: {
+        io_item* it = take_posted(l, key);
+        if (it && !check_match(*it, h)) {
+          co_await read_payload(l, nullptr, h.bytes);  // refused
+          break;
+        }
+        if (it) {
+          co_await read_into(l, *it, h.bytes);
+          complete(*it);
+          break;
+        }
+        unexpected_msg msg{h, std::vector<std::byte>(h.bytes)};
+        co_await read_payload(l, reinterpret_cast<char*>(msg.payload.data()), h.bytes);
+        // A receive may have been posted while the payload was read.
+        if (io_item* late = take_posted(l, key)) {
+          if (check_match(*late, h)) {
+            std::memcpy(late->recv_buffer, msg.payload.data(), late->bytes);
+            complete(*late);
+          }
+          break;
+        }
+        l.unexpected[key].push_back(std::move(msg));
+        break;
+      }
+      case msg_kind::rts: {
+        io_item* it = take_posted(l, key);
+        if (it) {
+          if (check_match(*it, h)) start_data(l, *it, h);
+        } else {
+          l.unexpected[key].push_back({h, {}});
+        }
+        break;
+      }
+      case msg_kind::cts: {
+        auto found = l.awaiting_cts.find(h.cookie);
+        if (found == l.awaiting_cts.end()) break;  // that send was cancelled
+        io_item* it = found->second;
+        l.awaiting_cts.erase(found);
+        wire_header d = header_for(*it);
+        d.kind = msg_kind::data;
+        d.cookie = h.cookie2;
+        it->state = item_state::queued;
+        l.frames.push_back({d, it->send_buffer, it->bytes, it});
+        start_write(peer);
+        break;
+      }
+      case msg_kind::data: {
+        auto found = l.awaiting_data.find(h.cookie);
+        if (found == l.awaiting_data.end() || found->second->bytes != h.bytes) {
+          co_await read_payload(l, nullptr, h.bytes);  // its receive was cancelled
+          break;
+        }
+        io_item* it = found->second;
+        l.awaiting_data.erase(found);
+        co_await read_into(l, *it, h.bytes);
+        complete(*it);
+        break;
+      }
+      case msg_kind::fail:
+        on_fail_frame(peer, h);
+        break;
+    }
+  }
+
+  asio::awaitable<void> read_into(link& l, io_item& it, std::size_t bytes) {
+    it.in_flight = true;
+    l.reading = &it;
+    co_await read_payload(l, static_cast<char*>(it.recv_buffer), bytes);
+    l.reading = nullptr;
+    it.in_flight = false;
+  }
+
+  io_item* take_posted(link& l, const match_key& key) {
+    auto p = l.posted.find(key);
+    if (p == l.posted.end()) return nullptr;
+    io_item* it = p->second.front();
+    p->second.pop_front();
+    if (p->second.empty()) l.posted.erase(p);
+    return it;
+  }
+
+  asio::any_io_executor ex_;
+  int rank_;
+  int world_;
+  transport_options options_;
+  std::vector<std::unique_ptr<link>> links_;
+  std::unordered_set<op_state*> ops_;
+  std::unordered_map<call_id, std::exception_ptr, call_id_hash> failed_calls_;
+  std::uint64_t next_id_ = 0;
+  bool aborted_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace dcomm::detail::tcp_net

@@ -1,0 +1,403 @@
+// The CPU backend over TCP: a full mesh of authenticated sockets (one per
+// pair of ranks, shared by every group), framed messages matched by group,
+// tag or sequence number, and the collective algorithms in detail/tcp/.
+// Use it through communicator<tcp_backend> (communicator.hpp).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/detail/tcp/all_gather.hpp"
+#include "dcomm/detail/tcp/all_reduce.hpp"
+#include "dcomm/detail/tcp/all_to_all.hpp"
+#include "dcomm/detail/tcp/barrier.hpp"
+#include "dcomm/detail/tcp/broadcast.hpp"
+#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/detail/tcp/gather_scatter.hpp"
+#include "dcomm/detail/tcp/reduce.hpp"
+#include "dcomm/detail/tcp/reduce_scatter.hpp"
+#include "dcomm/detail/tcp/transport.hpp"
+#include "dcomm/detail/tcp_mesh.hpp"
+#include "dcomm/store/store.hpp"
+
+namespace dcomm {
+
+namespace detail::tcp_net {
+
+// "all_reduce=ring,broadcast=chain" (the DCOMM_ALGO variable) as overrides.
+inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view spec) {
+  std::map<coll_op, algorithm> out;
+  auto fail = [&](std::string why) {
+    throw_error(errc::invalid_argument,
+                {.operation = "tcp_backend",
+                 .key = "DCOMM_ALGO",
+                 .seen = std::string(spec),
+                 .detail = why + "; expected op=algorithm[,op=algorithm...], e.g. "
+                                 "all_reduce=ring,broadcast=chain"});
+  };
+  while (!spec.empty()) {
+    auto comma = spec.find(',');
+    auto item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos) fail("'" + std::string(item) + "' has no '='");
+    auto op_name = item.substr(0, eq);
+    auto a = parse_algorithm(item.substr(eq + 1));
+    if (!a) fail("unknown algorithm '" + std::string(item.substr(eq + 1)) + "'");
+    std::optional<coll_op> op;
+    for (int i = 1; i <= static_cast<int>(coll_op::all_to_all); ++i)
+      if (op_name == name(static_cast<coll_op>(i))) op = static_cast<coll_op>(i);
+    if (!op) fail("unknown operation '" + std::string(op_name) + "'");
+    out[*op] = *a;
+  }
+  return out;
+}
+
+// The local address that routes to `host`, found without sending anything
+// (a connected UDP socket); empty if there is no route.
+inline std::string local_address_towards(const asio::any_io_executor& ex, const std::string& host) {
+  if (host.empty()) return {};
+  asio::error_code ec;
+  auto target = asio::ip::make_address(host, ec);
+  if (ec) {
+    asio::ip::udp::resolver resolver(ex);
+    auto results = resolver.resolve(host, "9", ec);
+    if (ec || results.empty()) return {};
+    target = results.begin()->endpoint().address();
+  }
+  asio::ip::udp::socket probe(ex);
+  probe.connect({target, 9}, ec);
+  if (ec) return {};
+  auto local = probe.local_endpoint(ec);
+  return ec ? std::string{} : local.address().to_string();
+}
+
+}  // namespace detail::tcp_net
+
+class tcp_backend {
+ public:
+  static constexpr std::string_view name = "tcp";
+  static constexpr bool supports_custom_reduce = true;
+  static constexpr bool supports_bitwise_reduce = true;
+
+  struct options {
+    // Where this rank listens for its peers; empty: every interface.
+    std::string bind_host = "";
+    // The address peers use to reach this rank. Empty: $DCOMM_SOCKET_ADDR,
+    // else the local address that routes to the store's host.
+    std::string advertise_host = "";
+    // Messages up to this size are sent at once; larger ones wait until
+    // the receiver has posted its buffer, and land in it directly.
+    std::size_t eager_limit = 64 * 1024;
+    std::size_t chunk_bytes = 512 * 1024;
+    std::size_t small_all_reduce = 64 * 1024;
+    std::size_t small_broadcast = 256 * 1024;
+    std::size_t small_all_gather = 64 * 1024;
+    std::size_t small_reduce_scatter = 64 * 1024;
+    // Per-operation algorithm overrides, "all_reduce=ring,broadcast=chain".
+    std::string algorithms = [] {
+      const char* v = std::getenv("DCOMM_ALGO");
+      return std::string(v ? v : "");
+    }();
+  };
+
+  // Connects to every peer through the store. Runs on (and stays on) the
+  // executor it is awaited from, which must be a strand or a one-thread
+  // context: the backend's state is not locked.
+  static asio::awaitable<std::shared_ptr<tcp_backend>> create(std::shared_ptr<store> s, int rank,
+                                                              int world, std::string job_token,
+                                                              std::string store_host, options o,
+                                                              clock::time_point deadline) {
+    auto ex = co_await asio::this_coro::executor;
+    auto overrides = detail::tcp_net::parse_algorithm_overrides(o.algorithms);
+    std::string advertise = o.advertise_host;
+    if (advertise.empty())
+      if (const char* v = std::getenv("DCOMM_SOCKET_ADDR"); v && *v) advertise = v;
+    if (advertise.empty() && !o.bind_host.empty() && o.bind_host != "0.0.0.0" &&
+        o.bind_host != "::")
+      advertise = o.bind_host;
+    if (advertise.empty()) advertise = detail::tcp_net::local_address_towards(ex, store_host);
+    if (advertise.empty()) advertise = "127.0.0.1";
+    detail::mesh_options mesh{.purpose = "tcp_backend",
+                              .job_token = std::move(job_token),
+                              .bind_host = o.bind_host,
+                              .advertise_host = advertise};
+    auto sockets = co_await detail::connect_mesh(s, rank, world, mesh, deadline);
+    for (auto& socket : sockets)
+      if (socket.is_open()) tune(socket);
+    auto net = std::make_shared<detail::tcp_net::transport>(
+        ex, rank, world, std::move(sockets),
+        detail::tcp_net::transport_options{.eager_limit = o.eager_limit});
+    net->start();
+    co_return std::shared_ptr<tcp_backend>(new tcp_backend(ex, std::move(net), o, overrides));
+  }
+
+  tcp_backend(const tcp_backend&) = delete;
+  tcp_backend& operator=(const tcp_backend&) = delete;
+  // Closing is the communicator's job (its last handle calls close()); the
+  // destructor may run while the executor itself is being destroyed.
+  ~tcp_backend() = default;
+
+  asio::any_io_executor get_executor() const { return ex_; }
+  int rank() const { return net_->rank(); }
+  int world_size() const { return net_->world(); }
+
+  // Fails every pending and future operation at once; closes every link.
+  // Thread-safe: runs on the backend's executor.
+  void abort() {
+    asio::dispatch(ex_, [net = net_] { net->abort(); });
+  }
+  // Called by the last communicator handle going away.
+  void close() {
+    asio::dispatch(ex_, [net = net_] { net->close(); });
+  }
+
+  // --- point to point ---
+  asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
+    detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+    c.needs(peer);
+    co_await c.run([&]() -> asio::awaitable<void> {
+      c.send(peer, 0, in.data, in.bytes());
+      co_return;
+    });
+  }
+  asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
+    detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+    c.needs(peer);
+    co_await c.run([&]() -> asio::awaitable<void> {
+      c.recv(peer, 0, out.data, out.bytes());
+      co_return;
+    });
+  }
+
+  // --- collectives ---
+  asio::awaitable<void> barrier(op_context ctx) {
+    detail::tcp_net::call c(*net_, ctx, true, sig(detail::tcp_net::coll_op::barrier), "barrier");
+    co_await c.run(
+        [&]() -> asio::awaitable<void> { co_await detail::tcp_net::dissemination_barrier(c); });
+  }
+
+  asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
+                            "broadcast");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      if (c.size() == 1) co_return;
+      auto a = choose(c, ctx, coll_op::broadcast, buf.bytes() <= o_.small_broadcast,
+                      algorithm::binomial_tree, algorithm::chain);
+      if (a == algorithm::binomial_tree)
+        co_await detail::tcp_net::binomial_broadcast(c, buf.data, buf.bytes(), root);
+      else
+        co_await detail::tcp_net::chain_broadcast(c, buf.data, buf.bytes(), root, o_.chunk_bytes);
+    });
+  }
+
+  asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
+                               int root) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
+                            "reduce");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      auto a = choose(c, ctx, coll_op::reduce, in.bytes() <= o_.small_broadcast,
+                      algorithm::binomial_tree, algorithm::chain);
+      if (a == algorithm::binomial_tree || c.size() == 1)
+        co_await detail::tcp_net::binomial_reduce(c, in.data, out.data, in.count, size_of(in.type),
+                                                  op, root);
+      else
+        co_await detail::tcp_net::chain_reduce(c, in.data, out.data, in.count, size_of(in.type), op,
+                                               root, o_.chunk_bytes);
+    });
+  }
+
+  asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
+                                   reducer op) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true,
+                            sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      const std::size_t es = size_of(out.type);
+      const bool in_place = in.data == out.data;
+      auto a = choose(
+          c, ctx, coll_op::all_reduce,
+          out.bytes() <= o_.small_all_reduce || out.count < static_cast<std::size_t>(c.size()),
+          algorithm::recursive_doubling, algorithm::ring);
+      if (a == algorithm::recursive_doubling || c.size() == 1) {
+        if (!in_place && out.count) std::memcpy(out.data, in.data, out.bytes());
+        co_await detail::tcp_net::recursive_doubling_all_reduce(c, out.data, out.count, es, op);
+      } else {
+        co_await detail::tcp_net::ring_all_reduce(c, in_place ? nullptr : in.data, out.data,
+                                                  out.count, es, op, o_.chunk_bytes);
+      }
+    });
+  }
+
+  // in: n blocks (root only); out: one block.
+  asio::awaitable<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::scatter, out.type, out.count, root),
+                            "scatter");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      only_direct(c, ctx, coll_op::scatter);
+      co_await detail::tcp_net::direct_scatter(c, in.data, out.data, out.bytes(), root);
+    });
+  }
+
+  // in: one block; out: n blocks (root only).
+  asio::awaitable<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::gather, in.type, in.count, root),
+                            "gather");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      only_direct(c, ctx, coll_op::gather);
+      co_await detail::tcp_net::direct_gather(c, in.data, out.data, in.bytes(), root);
+    });
+  }
+
+  asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather, in.type, in.count),
+                            "all_gather");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      auto a = choose(c, ctx, coll_op::all_gather, out.bytes() <= o_.small_all_gather,
+                      algorithm::direct, algorithm::ring);
+      if (a == algorithm::direct)
+        co_await detail::tcp_net::direct_all_gather(c, in.data, out.data, in.count,
+                                                    size_of(in.type));
+      else
+        co_await detail::tcp_net::ring_all_gather(c, in.data, out.data, in.count, size_of(in.type),
+                                                  o_.chunk_bytes);
+    });
+  }
+
+  // in: n blocks; out: one block (may be in's block r).
+  asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
+                                       reducer op) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true,
+                            sig(coll_op::reduce_scatter, out.type, out.count, -1, &op),
+                            "reduce_scatter");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      const std::size_t es = size_of(out.type);
+      auto a = choose(c, ctx, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter,
+                      algorithm::direct, algorithm::ring);
+      if (a == algorithm::direct || c.size() == 1)
+        co_await detail::tcp_net::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
+      else
+        co_await detail::tcp_net::ring_reduce_scatter(c, in.data, out.data, out.count, es, op,
+                                                      o_.chunk_bytes);
+    });
+  }
+
+  // in, out: n blocks each; they do not overlap.
+  asio::awaitable<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+    using detail::tcp_net::coll_op;
+    const std::size_t n = static_cast<std::size_t>(ctx.group->size());
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all, in.type, in.count / n),
+                            "all_to_all");
+    co_await c.run([&]() -> asio::awaitable<void> {
+      only_direct(c, ctx, coll_op::all_to_all);
+      co_await detail::tcp_net::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
+    });
+  }
+
+  asio::awaitable<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
+                                                         output_allocator alloc) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather_v, in.type, 0),
+                            "all_gather_v");
+    std::vector<std::size_t> counts;
+    co_await c.run([&]() -> asio::awaitable<void> {
+      only_direct(c, ctx, coll_op::all_gather_v);
+      counts = co_await detail::tcp_net::direct_all_gather_v(c, in, alloc);
+    });
+    co_return counts;
+  }
+
+  asio::awaitable<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
+                                                         std::vector<std::size_t> send_counts,
+                                                         output_allocator alloc) {
+    using detail::tcp_net::coll_op;
+    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all_v, in.type, 0),
+                            "all_to_all_v");
+    std::vector<std::size_t> counts;
+    co_await c.run([&]() -> asio::awaitable<void> {
+      only_direct(c, ctx, coll_op::all_to_all_v);
+      counts = co_await detail::tcp_net::direct_all_to_all_v(c, in, send_counts, alloc);
+    });
+    co_return counts;
+  }
+
+  const options& settings() const { return o_; }
+
+ private:
+  tcp_backend(asio::any_io_executor ex, std::shared_ptr<detail::tcp_net::transport> net, options o,
+              std::map<detail::tcp_net::coll_op, algorithm> overrides)
+      : ex_(std::move(ex)),
+        net_(std::move(net)),
+        o_(std::move(o)),
+        overrides_(std::move(overrides)) {}
+
+  static void tune(detail::tcp::socket& socket) {
+    asio::error_code ignored;
+    socket.set_option(detail::tcp::no_delay(true), ignored);
+    // Generous buffers keep a large message flowing while the receiver is
+    // busy reducing the previous chunk.
+    socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
+    socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
+  }
+
+  static detail::tcp_net::call_signature p2p_sig(dtype t, std::size_t count) {
+    return {.op = detail::tcp_net::coll_op::p2p, .type = t, .count = count};
+  }
+  static detail::tcp_net::call_signature sig(detail::tcp_net::coll_op op, dtype t = dtype::uint8,
+                                             std::size_t count = 0, int root = -1,
+                                             const reducer* r = nullptr) {
+    return {.op = op,
+            .type = t,
+            .reduce = r ? r->kind : reduce_kind::sum,
+            .has_reduce = static_cast<std::uint8_t>(r ? 1 : 0),
+            .root = root,
+            .count = count};
+  }
+
+  // The call's algorithm, the DCOMM_ALGO override, or the size-based pick.
+  algorithm choose(detail::tcp_net::call& c, const op_context& ctx, detail::tcp_net::coll_op op,
+                   bool small, algorithm for_small, algorithm for_large) const {
+    algorithm a = ctx.algorithm;
+    if (a == algorithm::automatic) {
+      auto o = overrides_.find(op);
+      if (o != overrides_.end()) a = o->second;
+    }
+    if (a == algorithm::automatic) return small ? for_small : for_large;
+    if (a != for_small && a != for_large)
+      c.invalid("algorithm " + std::string(dcomm::name(a)) + " is not available for " +
+                detail::tcp_net::name(op) + " (it has " + std::string(dcomm::name(for_small)) +
+                " and " + std::string(dcomm::name(for_large)) + ")");
+    return a;
+  }
+  void only_direct(detail::tcp_net::call& c, const op_context& ctx,
+                   detail::tcp_net::coll_op op) const {
+    if (ctx.algorithm != algorithm::automatic && ctx.algorithm != algorithm::direct)
+      c.invalid("algorithm " + std::string(dcomm::name(ctx.algorithm)) + " is not available for " +
+                detail::tcp_net::name(op) + " (it has direct)");
+  }
+
+  asio::any_io_executor ex_;
+  std::shared_ptr<detail::tcp_net::transport> net_;
+  options o_;
+  std::map<detail::tcp_net::coll_op, algorithm> overrides_;
+};
+
+static_assert(backend<tcp_backend>);
+
+}  // namespace dcomm

@@ -1,0 +1,73 @@
+// N ranks as threads in this process, each with its own io_context and a
+// communicator<tcp_backend> over real loopback sockets, sharing one
+// hash_store (Gloo's base_test idea). The body is a coroutine per rank.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcomm/communicator.hpp"
+#include "dcomm/store/hash_store.hpp"
+#include "dcomm/tcp_backend.hpp"
+
+namespace dcomm::test {
+
+using comm = communicator<tcp_backend>;
+using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
+
+// Runs body on every rank; returns each rank's error message ("" when it
+// succeeded). Operations default to `timeout`.
+inline std::vector<std::string> comm_world(
+    int world, const rank_body& body, std::chrono::milliseconds timeout = std::chrono::seconds(20),
+    tcp_backend::options backend = {}) {
+  auto table = std::make_shared<hash_store::table>();
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  if (backend.bind_host.empty()) backend.bind_host = "127.0.0.1";
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&, r] {
+        asio::io_context ctx;
+        try {
+          auto s = hash_store::create(ctx.get_executor(), table);
+          sync_wait(ctx, [&]() -> asio::awaitable<void> {
+            init_options<tcp_backend> o{.timeout = timeout, .job_token = ""};
+            o.backend = backend;
+            auto c = co_await init_process_group<tcp_backend>(ctx.get_executor(), s, r, world, o);
+            co_await body(c, r);
+          }());
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+  }
+  return errors;
+}
+
+inline std::string summary(const std::vector<std::string>& errors) {
+  std::string s;
+  for (std::size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) s += "rank " + std::to_string(r) + ": " + errors[r] + "\n";
+  return s;
+}
+
+// Runs the body and requires every rank to succeed.
+#define DCOMM_REQUIRE_WORLD(...)                                 \
+  do {                                                           \
+    auto dcomm_errors_ = ::dcomm::test::comm_world(__VA_ARGS__); \
+    auto dcomm_summary_ = ::dcomm::test::summary(dcomm_errors_); \
+    INFO(dcomm_summary_);                                        \
+    REQUIRE(dcomm_summary_.empty());                             \
+  } while (false)
+
+// A failure inside a rank's coroutine, with the rank and what was compared.
+struct check_failed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace dcomm::test

@@ -1,0 +1,402 @@
+// The TCP backend beyond the collective matrix: point-to-point (tags, sizes,
+// requests), groups, completion tokens, and failures (mismatched calls,
+// deadlines, abort, a rank killed mid-collective, a communicator destroyed
+// with work pending). Thread worlds, and real processes through spawn.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dcomm/spawn.hpp"
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+#include "support/fork_world.hpp"
+#include "support/listening_socket.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::test::check_failed;
+using dcomm::test::comm;
+
+namespace {
+
+std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::uint8_t>((i * 131 + static_cast<std::size_t>(seed) * 7) >> 3);
+  return v;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw check_failed(what);
+}
+
+// The error code and message a coroutine failed with (none: "").
+template <class F>
+asio::awaitable<std::pair<dcomm::errc, std::string>> failure_of(F op) {
+  try {
+    co_await op();
+  } catch (const dcomm::error& e) {
+    co_return std::pair{static_cast<dcomm::errc>(e.code().value()), std::string(e.what())};
+  }
+  co_return std::pair{dcomm::errc{}, std::string()};
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_SUITE("tcp point to point") {
+  TEST_CASE("send and recv: sizes from 0 to beyond socket buffers, straight into the buffer") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      // 0, 1, around the eager limit, and 24 MiB (more than both socket buffers).
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{65535}, std::size_t{65536},
+                            std::size_t{65537}, std::size_t{24} << 20}) {
+        if (r == 0) {
+          auto data = pattern(n, 1);
+          co_await c.send(data, 1, 5);
+        } else {
+          std::vector<std::uint8_t> got(n);
+          co_await c.recv(got, 0, 5);
+          require(got == pattern(n, 1), "payload of " + std::to_string(n) + " bytes differs");
+        }
+      }
+    });
+  }
+
+  TEST_CASE("tags: out-of-order receives match by tag; one tag is first in, first out") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      if (r == 0) {
+        // Small and large messages interleaved on two tags.
+        for (int i = 0; i < 4; ++i) {
+          auto small = std::vector<std::int32_t>{i};
+          auto large = std::vector<std::int32_t>(100'000, i);
+          co_await c.send(small, 1, 1);
+          co_await c.send(large, 1, 2);
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {  // tag 2 first, although it was sent second
+          std::vector<std::int32_t> large(100'000), small(1);
+          co_await c.recv(large, 0, 2);
+          require(large.front() == i && large.back() == i, "tag 2 out of order");
+          co_await c.recv(small, 0, 1);
+          require(small[0] == i, "tag 1 out of order");
+        }
+      }
+    });
+  }
+
+  TEST_CASE("isend and irecv start at once; test, wait and co_await the requests") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      // A ring: everyone receives from the left and sends to the right.
+      const int n = c.size();
+      std::vector<double> out(1000, r), in(1000, -1);
+      auto rx = c.irecv(in, (r + n - 1) % n, 9);
+      require(rx.valid(), "irecv returned an empty request");
+      auto tx = c.isend(out, (r + 1) % n, 9);
+      co_await rx.async_wait();
+      co_await tx.async_wait();
+      require(rx.test() && tx.test(), "test() after completion");
+      require(in[0] == (r + n - 1) % n && in[999] == (r + n - 1) % n, "ring payload");
+    });
+    // The same with blocking waits from plain threads, as the tutorial does.
+    dcomm::test::comm_world(2, [](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<float> t(1, r == 0 ? 1.0f : 0.0f);
+      auto req = r == 0 ? c.isend(t, 1) : c.irecv(t, 0);
+      // wait() blocks; run it on another thread so this executor keeps going.
+      std::exception_ptr failure;
+      std::thread waiter([&] {
+        try {
+          req.wait();
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      });
+      while (!req.test()) {
+        asio::steady_timer pause(co_await asio::this_coro::executor, 1ms);
+        co_await pause.async_wait(asio::use_awaitable);
+      }
+      waiter.join();
+      if (failure) std::rethrow_exception(failure);
+      require(t[0] == 1.0f, "both ranks end with 1.0");
+    });
+  }
+
+  TEST_CASE("a size mismatch is an error on the receiver (and sender), never a truncation") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(
+        2,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          if (r == 0) {
+            std::vector<std::uint8_t> big(200'000, 1);  // rendezvous: the sender learns too
+            co_await c.send(big, 1);
+          } else {
+            std::vector<std::uint8_t> small(100'000);
+            co_await c.recv(small, 0);
+          }
+        },
+        10s);
+    INFO(dcomm::test::summary(errors));
+    CHECK(contains(errors[1], "mismatch"));
+    CHECK(contains(errors[1], "200000 bytes"));
+    CHECK(contains(errors[0], "mismatch"));
+  }
+}
+
+TEST_SUITE("tcp groups") {
+  TEST_CASE("new_group and split: group-relative ranks, non-members, a group of one") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(5, [](comm& c, int r) -> asio::awaitable<void> {
+      auto pair = c.new_group({3, 1});
+      require(pair.has_value() == (r == 1 || r == 3), "membership of new_group({3, 1})");
+      if (pair) {
+        require(pair->size() == 2 && pair->rank() == (r == 1 ? 0 : 1), "group ranks are sorted");
+        std::vector<int> v{r};
+        co_await pair->all_reduce(v, dcomm::sum);
+        require(v[0] == 4, "all_reduce in new_group");
+        if (pair->rank() == 0) {
+          std::vector<int> t{42};
+          co_await pair->send(t, 1, 3);
+        } else {
+          std::vector<int> t{0};
+          co_await pair->recv(t, 0, 3);
+          require(t[0] == 42, "p2p with group ranks");
+        }
+      }
+      auto alone = c.new_group({r == 0 ? 0 : 4});  // every rank calls it, as it must
+      if (alone) {
+        std::vector<int> v{7};
+        co_await alone->all_reduce(v, dcomm::sum);
+        co_await alone->barrier();
+        require(v[0] == 7 && alone->size() == 1, "group of one");
+      }
+      // Even and odd ranks, ordered by descending key.
+      auto half = co_await c.split(r % 2, -r);
+      require(half.has_value(), "split with a color");
+      const int expected_size = r % 2 == 0 ? 3 : 2;
+      require(half->size() == expected_size, "split size");
+      auto members = std::vector<int>(half->ranks().begin(), half->ranks().end());
+      require(members == (r % 2 == 0 ? std::vector<int>{4, 2, 0} : std::vector<int>{3, 1}),
+              "split orders by key");
+      std::vector<std::int64_t> v{r};
+      co_await half->all_reduce(v, dcomm::sum);
+      require(v[0] == (r % 2 == 0 ? 6 : 4), "all_reduce in split group");
+      auto none = co_await c.split(r == 0 ? -1 : 1, 0);
+      require(none.has_value() == (r != 0), "negative color joins no group");
+    });
+  }
+
+  TEST_CASE("concurrent operations on two groups and the world do not interfere") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(4, [](comm& c, int r) -> asio::awaitable<void> {
+      auto low = c.new_group({0, 1, 2, 3});
+      auto evens = c.new_group({0, 2});
+      auto odds = c.new_group({1, 3});
+      auto& pair = r % 2 == 0 ? evens : odds;
+      // Start many operations at once on three groups, then wait for all.
+      std::vector<std::vector<float>> a(8, std::vector<float>(5000, 1.0f)),
+          b(8, std::vector<float>(3, 2.0f)), w(8, std::vector<float>(20000, static_cast<float>(r)));
+      // Callbacks: everything is started before anything is awaited.
+      int finished = 0;
+      std::exception_ptr failure;
+      auto done = [&](std::exception_ptr e) {
+        ++finished;
+        if (e) failure = e;
+      };
+      for (std::size_t i = 0; i < 8; ++i) {
+        pair->all_reduce(a[i], dcomm::sum, done);
+        low->all_reduce(b[i], dcomm::max, done);
+        c.all_reduce(w[i], dcomm::sum, done);
+      }
+      while (finished < 24) {
+        asio::steady_timer pause(co_await asio::this_coro::executor, 1ms);
+        co_await pause.async_wait(asio::use_awaitable);
+      }
+      if (failure) std::rethrow_exception(failure);
+      for (int i = 0; i < 8; ++i) {
+        require(a[static_cast<std::size_t>(i)][4999] == 2.0f, "pair group");
+        require(b[static_cast<std::size_t>(i)][0] == 2.0f, "second group");
+        require(w[static_cast<std::size_t>(i)][19999] == 6.0f, "world");
+      }
+    });
+  }
+}
+
+TEST_SUITE("tcp failures") {
+  TEST_CASE("ranks calling different collectives fail with mismatch naming both calls, at once") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto start = std::chrono::steady_clock::now();
+    auto errors = dcomm::test::comm_world(
+        3,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          std::vector<float> v(10, 1.0f);
+          if (r == 1)
+            co_await c.broadcast(v, 0);
+          else
+            co_await c.all_reduce(v, dcomm::sum);
+        },
+        30s);
+    INFO(dcomm::test::summary(errors));
+    for (auto& e : errors) CHECK(contains(e, "mismatch"));
+    CHECK((contains(errors[0], "broadcast") || contains(errors[1], "broadcast")));
+    CHECK(std::chrono::steady_clock::now() - start < 15s);  // not the 30 s deadline
+  }
+
+  TEST_CASE("a rank that never calls: the others time out, naming it and the call") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(3, [](comm& c, int r) -> asio::awaitable<void> {
+      if (r == 2) {
+        asio::steady_timer wait(co_await asio::this_coro::executor, 2500ms);
+        co_await wait.async_wait(asio::use_awaitable);
+        co_return;
+      }
+      std::vector<int> v{1};
+      dcomm::op_options quick{.timeout = 1s};
+      co_await c.all_reduce(v, dcomm::sum, quick);
+    });
+    INFO(dcomm::test::summary(errors));
+    CHECK(contains(errors[0], "timed out in all_reduce"));
+    CHECK(contains(errors[0], "call #0"));
+    CHECK((contains(errors[0], "peers ranks {") || contains(errors[0], "reached its deadline")));
+    CHECK((contains(errors[1], "peers ranks {2}") || contains(errors[1], "reached its deadline")));
+    CHECK(errors[2].empty());
+  }
+
+  TEST_CASE("abort fails pending operations at once") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(
+        2,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          if (r == 1) {  // never sends, but stays
+            asio::steady_timer stay(co_await asio::this_coro::executor, 1s);
+            co_await stay.async_wait(asio::use_awaitable);
+            co_return;
+          }
+          std::vector<int> v(1);
+          auto req = c.irecv(v, 1);
+          asio::steady_timer pause(co_await asio::this_coro::executor, 100ms);
+          co_await pause.async_wait(asio::use_awaitable);
+          c.abort();
+          auto [code, what] = co_await failure_of([&] { return req.async_wait(); });
+          require(code == dcomm::errc::aborted, "pending irecv after abort: " + what);
+          std::vector<int> more(1);
+          auto [later, msg] = co_await failure_of([&] { return c.all_reduce(more, dcomm::sum); });
+          require(later == dcomm::errc::aborted, "operation after abort: " + msg);
+        },
+        30s);
+    INFO(dcomm::test::summary(errors));
+    CHECK(errors[0].empty());
+  }
+
+  TEST_CASE("a peer that leaves: pending and later operations that need it fail with peer_lost") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(
+        3,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          if (r == 2) co_return;  // its communicator goes away: its links close
+          std::vector<int> v(1);
+          if (r == 0) {
+            auto [code, what] = co_await failure_of([&] { return c.recv(v, 2); });
+            require(code == dcomm::errc::peer_lost && contains(what, "rank 2"),
+                    "recv from a departed rank: " + what);
+          }
+          auto [code, what] = co_await failure_of([&] { return c.all_reduce(v, dcomm::sum); });
+          require(code == dcomm::errc::peer_lost, "collective with a departed rank: " + what);
+        },
+        20s);
+    INFO(dcomm::test::summary(errors));
+    CHECK(errors[0].empty());
+    CHECK(errors[1].empty());
+  }
+
+  TEST_CASE("a rank killed mid-collective: every other rank fails with peer_lost, in time") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::test::listening_socket master;
+    const auto start = std::chrono::steady_clock::now();
+    auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+      ::setenv("WORLD_SIZE", "4", 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+      auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+      std::vector<float> v(8 << 20, 1.0f);  // 32 MiB, so the ring is still running
+      if (rank == 2) {
+        c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});  // started, never finished
+        std::this_thread::sleep_for(30ms);
+        ::kill(::getpid(), SIGKILL);
+      }
+      try {
+        c.all_reduce(v, dcomm::sum, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return e.code() == dcomm::errc::peer_lost ? 3 : 4;
+      }
+      return 0;
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[2].signal == SIGKILL);
+    for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
+    CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
+  }
+
+  TEST_CASE("destroying a communicator with work pending fails it with closed, never blocks") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::vector<int> v(1);
+    dcomm::request req;
+    auto errors = dcomm::test::comm_world(2, [&](comm& c, int r) -> asio::awaitable<void> {
+      if (r == 0) req = c.irecv(v, 1);  // never sent; c goes away on return
+      co_return;
+    });
+    CHECK(dcomm::test::summary(errors).empty());
+    REQUIRE(req.test());
+    try {
+      req.wait();
+      FAIL("the pending receive should have failed");
+    } catch (const dcomm::error& e) {
+      INFO(e.what());
+      CHECK((e.code() == dcomm::errc::closed || e.code() == dcomm::errc::peer_lost));
+    }
+  }
+}
+
+TEST_SUITE("tcp processes") {
+  TEST_CASE("env:// through spawn: the tutorial's blocking calls in separate processes") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::spawn(4,
+                 [](int rank, int world) {
+                   auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+                   if (c.rank() != rank || c.size() != world) return 1;
+                   std::vector<float> t{static_cast<float>(rank + 1)};
+                   c.all_reduce(t, dcomm::sum, dcomm::blocking);
+                   if (t[0] != 10.0f) return 2;
+                   // Blocking send/recv, the tutorial's first program.
+                   std::vector<float> one{rank == 0 ? 1.0f : 0.0f};
+                   if (rank == 0) c.send(one, 1, dcomm::blocking);
+                   if (rank == 1) c.recv(one, 0, dcomm::blocking);
+                   if (rank <= 1 && one[0] != 1.0f) return 3;
+                   // A callback.
+                   std::promise<void> done;
+                   std::vector<std::int64_t> big(300'000, rank);
+                   c.all_reduce(big, dcomm::max, [&](std::exception_ptr e) {
+                     if (e)
+                       done.set_exception(e);
+                     else
+                       done.set_value();
+                   });
+                   done.get_future().get();
+                   if (big[299'999] != 3) return 4;
+                   c.barrier(dcomm::blocking);
+                   return 0;
+                 },
+                 {.timeout = 60s});
+  }
+}
