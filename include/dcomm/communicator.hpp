@@ -137,7 +137,20 @@ class request {
   // Blocks until the operation has finished; rethrows its failure.
   void wait() const {
     check_valid();
-    if (detail::running_in_this_thread(state_->executor))
+    {
+      // Done: the executor may be gone already; do not touch it.
+      std::lock_guard lock(state_->mutex);
+      if (state_->done) {
+        if (state_->failure) std::rethrow_exception(state_->failure);
+        return;
+      }
+    }
+    asio::any_io_executor executor;
+    {
+      std::lock_guard lock(state_->mutex);
+      executor = state_->executor;
+    }
+    if (detail::running_in_this_thread(executor))
       throw_error(errc::invalid_argument,
                   {.operation = "request.wait",
                    .detail = "blocking wait on the thread that runs the communicator; use "
@@ -154,7 +167,12 @@ class request {
   template <completion_token_for Token = default_token_t>
   auto async_wait(Token&& token = {}) const {
     check_valid();
-    return detail::initiate(state_->executor, wait_op(state_), std::forward<Token>(token),
+    asio::any_io_executor executor;
+    {
+      std::lock_guard lock(state_->mutex);
+      executor = state_->executor;
+    }
+    return detail::initiate(executor, wait_op(state_), std::forward<Token>(token),
                             "request.async_wait",
                             state_->deadline - clock::now() + detail::blocking_grace);
   }
@@ -176,17 +194,29 @@ class request {
 
   explicit request(std::shared_ptr<state> s) : state_(std::move(s)) {}
 
+  // Runs on the executor (or while it is destroyed). Lets go of the
+  // executor: a request may outlive it, an Asio executor may not.
   static void finish(const std::shared_ptr<state>& s, std::exception_ptr e) {
+    asio::any_io_executor released;
     {
       std::lock_guard lock(s->mutex);
       s->done = true;
       s->failure = std::move(e);
+      released = std::move(s->executor);
+      s->executor = asio::system_executor();
     }
     s->cv.notify_all();
     for (auto* t : s->waiters) t->cancel();
   }
 
   static asio::awaitable<void> wait_op(std::shared_ptr<state> s) {
+    {
+      std::lock_guard lock(s->mutex);
+      if (s->done) {
+        if (s->failure) std::rethrow_exception(s->failure);
+        co_return;
+      }
+    }
     asio::steady_timer timer(co_await asio::this_coro::executor,
                              s->deadline + detail::blocking_grace);
     s->waiters.push_back(&timer);

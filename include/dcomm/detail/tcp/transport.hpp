@@ -272,7 +272,7 @@ class transport : public std::enable_shared_from_this<transport> {
         if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
         return start_data(l, it, msg.header);
       }
-      std::memcpy(it.recv_buffer, msg.payload.data(), it.bytes);
+      if (it.bytes) std::memcpy(it.recv_buffer, msg.payload.data(), it.bytes);
       return complete(it);
     }
     if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
@@ -790,7 +790,7 @@ class transport : public std::enable_shared_from_this<transport> {
         // A receive may have been posted while the payload was read.
         if (io_item* late = take_posted(l, key)) {
           if (check_match(*late, h)) {
-            std::memcpy(late->recv_buffer, msg.payload.data(), late->bytes);
+            if (late->bytes) std::memcpy(late->recv_buffer, msg.payload.data(), late->bytes);
             complete(*late);
           }
           break;
