@@ -704,7 +704,10 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Reading: one coroutine per peer parses frames out of a staging buffer;
   // payloads for posted receives go straight into the receiver's buffer.
-  static asio::awaitable<void> fill(link& l, std::size_t n) {
+  // `exact`: read no further than n bytes, so that a large payload behind
+  // them is left in the socket for read_payload to read straight into its
+  // buffer instead of through the stage (a copy of half of each chunk).
+  static asio::awaitable<void> fill(link& l, std::size_t n, bool exact = false) {
     if (l.end - l.begin >= n) co_return;
     if (l.begin > 0) {
       std::memmove(l.stage.data(), l.stage.data() + l.begin, l.end - l.begin);
@@ -713,7 +716,8 @@ class transport : public std::enable_shared_from_this<transport> {
     }
     while (l.end < n)
       l.end += co_await l.socket.async_read_some(
-          asio::buffer(l.stage.data() + l.end, l.stage.size() - l.end), asio::use_awaitable);
+          asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end),
+          asio::use_awaitable);
   }
 
   // Reads n payload bytes into dst (nullptr: discard them).
@@ -762,7 +766,9 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   asio::awaitable<void> read_frame(link& l, int peer) {
-    co_await fill(l, sizeof(wire_header));
+    // While a large payload is due (we sent cts), read headers on their own:
+    // one more small read per frame, one copy less per payload byte.
+    co_await fill(l, sizeof(wire_header), !l.awaiting_data.empty());
     wire_header h;
     std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
     l.begin += sizeof h;

@@ -1,0 +1,393 @@
+// Collectives and point-to-point over dcomm's TCP backend, in nccl-tests
+// style rows. Not a test: it times, it does not judge.
+//
+//   collective_bench --world 2                      # spawns 2 local ranks
+//   dcomm-run -n 4 collective_bench --op all_reduce # ranks from env://
+//   collective_bench --world 2 --op all_reduce --min-bytes 4 --max-bytes 64M --factor 4
+//
+// Options: --op NAME|all (all_reduce broadcast reduce all_gather
+// reduce_scatter all_to_all gather scatter barrier sendrecv), --world N,
+// --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
+// fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
+// sum|min|max, --algo (ring, recursive_doubling, ...), --chunk-bytes,
+// --eager-limit (the tcp_backend options), --no-check.
+//
+// Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
+// before each timed call the ranks meet in a barrier; the row's time is
+// rank 0's median. "bytes" is nccl-tests' size: the whole buffer
+// (all_gather: the output, reduce_scatter: the input). busbw = algbw times
+// nccl-tests' factor: 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+// reduce_scatter, all_to_all, gather and scatter, 1 for broadcast and
+// reduce. sendrecv is a ping-pong between ranks 0 and 1: time is half the
+// round trip (the OSU convention), so "2 x time" compares with the TCP
+// round trip of `anchors/run limits`. #wrong counts the elements that
+// differ from the computed expectation after an untimed call, summed over
+// ranks.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <dcomm/dcomm.hpp>
+#include <dcomm/spawn.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+const std::vector<std::string> all_ops = {"all_reduce",     "broadcast",  "reduce", "all_gather",
+                                          "reduce_scatter", "all_to_all", "gather", "scatter",
+                                          "barrier",        "sendrecv"};
+
+struct settings {
+  std::vector<std::string> ops = all_ops;
+  int world = 0;  // 0: from env://
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  std::size_t factor = 2;
+  int iters = 0;
+  int warmup = 3;
+  dcomm::dtype type = dcomm::dtype::float32;
+  std::string redop = "sum";
+  dcomm::algorithm algo = dcomm::algorithm::automatic;
+  bool check = true;
+  std::size_t chunk_bytes = 0, eager_limit = 0;  // 0: the backend's defaults
+};
+
+std::size_t parse_bytes(const std::string& s) {
+  std::size_t pos = 0;
+  auto v = std::stoull(s, &pos);
+  std::string unit = s.substr(pos);
+  if (unit == "K" || unit == "k") return v << 10;
+  if (unit == "M" || unit == "m") return v << 20;
+  if (unit == "G" || unit == "g") return v << 30;
+  if (!unit.empty()) throw std::invalid_argument("bad size: " + s + " (use 8, 4K, 64M, 1G)");
+  return v;
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--op") {
+      auto v = value();
+      if (v != "all") {
+        if (std::find(all_ops.begin(), all_ops.end(), v) == all_ops.end())
+          throw std::invalid_argument("unknown --op " + v);
+        s.ops = {v};
+      }
+    } else if (a == "--world") {
+      s.world = std::stoi(value());
+    } else if (a == "--min-bytes") {
+      s.min_bytes = parse_bytes(value());
+    } else if (a == "--max-bytes") {
+      s.max_bytes = parse_bytes(value());
+    } else if (a == "--factor") {
+      s.factor = std::max<std::size_t>(2, std::stoull(value()));
+    } else if (a == "--iters") {
+      s.iters = std::stoi(value());
+    } else if (a == "--warmup") {
+      s.warmup = std::stoi(value());
+    } else if (a == "--dtype") {
+      auto v = value();
+      bool found = false;
+      for (int t = 0; t <= static_cast<int>(dcomm::dtype::float64); ++t)
+        if (dcomm::name(static_cast<dcomm::dtype>(t)) == v) {
+          s.type = static_cast<dcomm::dtype>(t);
+          found = true;
+        }
+      if (!found) throw std::invalid_argument("unknown --dtype " + v);
+    } else if (a == "--redop") {
+      s.redop = value();
+      if (s.redop != "sum" && s.redop != "min" && s.redop != "max")
+        throw std::invalid_argument("--redop: sum, min or max");
+    } else if (a == "--algo") {
+      auto v = value();
+      auto parsed = dcomm::parse_algorithm(v);
+      if (!parsed) throw std::invalid_argument("unknown --algo " + v);
+      s.algo = *parsed;
+    } else if (a == "--chunk-bytes") {
+      s.chunk_bytes = parse_bytes(value());
+    } else if (a == "--eager-limit") {
+      s.eager_limit = parse_bytes(value());
+    } else if (a == "--no-check") {
+      s.check = false;
+    } else if (a == "--help" || a == "-h") {
+      std::printf(
+          "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
+          "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
+          "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
+          "                 [--eager-limit B] [--no-check]\n");
+      std::exit(0);
+    } else {
+      throw std::invalid_argument("unknown argument " + a);
+    }
+  }
+  return s;
+}
+
+// Rank r's input element i: small integers, exact in every dtype and
+// under every reduction of up to 8 ranks.
+double input_value(int rank, std::size_t i) {
+  return static_cast<double>(rank + 1) + static_cast<double>(i % 5);
+}
+
+struct buffer {
+  std::vector<std::byte> bytes;
+  dcomm::dtype type;
+  std::size_t count;
+
+  buffer(dcomm::dtype t, std::size_t n) : bytes(n * dcomm::size_of(t)), type(t), count(n) {}
+  dcomm::tensor_view view() { return {bytes.data(), count, type, {}}; }
+  dcomm::tensor_view block(std::size_t first, std::size_t n) {
+    return {bytes.data() + first * dcomm::size_of(type), n, type, {}};
+  }
+  void set(std::size_t i, double v) {
+    dcomm::visit_dtype(type, [&]<class T>(std::type_identity<T>) {
+      reinterpret_cast<T*>(bytes.data())[i] = static_cast<T>(static_cast<float>(v));
+    });
+  }
+  double get(std::size_t i) const {
+    return dcomm::visit_dtype(type, [&]<class T>(std::type_identity<T>) {
+      return static_cast<double>(static_cast<float>(reinterpret_cast<const T*>(bytes.data())[i]));
+    });
+  }
+  void fill(int rank) {
+    for (std::size_t i = 0; i < count; ++i) set(i, input_value(rank, i));
+  }
+};
+
+struct op_shape {
+  std::size_t in_count, out_count;
+  double bus_factor;
+};
+
+// Counts of one rank's buffers for a row of `bytes`, as nccl-tests sizes them.
+op_shape shape_of(const std::string& op, std::size_t bytes, std::size_t elem, int world) {
+  auto n = static_cast<std::size_t>(world);
+  std::size_t count = bytes / elem;
+  double spread = static_cast<double>(world - 1) / world;
+  if (op == "all_reduce") return {count, count, 2 * spread};
+  if (op == "broadcast" || op == "reduce") return {count, count, 1};
+  if (op == "sendrecv") return {count, count, 1};
+  if (op == "barrier") return {0, 0, 0};
+  std::size_t block = count / n;
+  if (op == "all_gather") return {block, block * n, spread};
+  if (op == "reduce_scatter") return {block * n, block, spread};
+  if (op == "all_to_all") return {block * n, block * n, spread};
+  if (op == "gather") return {block, block * n, spread};
+  if (op == "scatter") return {block * n, block, spread};
+  throw std::invalid_argument("no shape for " + op);
+}
+
+double reduced(const std::string& redop, int world, std::size_t i) {
+  double acc = input_value(0, i);
+  for (int r = 1; r < world; ++r) {
+    double v = input_value(r, i);
+    acc = redop == "sum" ? acc + v : redop == "min" ? std::min(acc, v) : std::max(acc, v);
+  }
+  return acc;
+}
+
+using comm_type = dcomm::communicator<dcomm::tcp_backend>;
+
+class runner {
+ public:
+  runner(comm_type comm, const settings& s) : comm_(std::move(comm)), s_(s) {}
+
+  // One call of `op` on prepared buffers.
+  asio::awaitable<void> call(const std::string& op, buffer& in, buffer& out) {
+    dcomm::op_options o{.algorithm = s_.algo};
+    int rank = comm_.rank();
+    if (op == "all_reduce") {
+      co_await with_redop([&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o); });
+    } else if (op == "broadcast") {
+      co_await comm_.broadcast(out.view(), 0, o);
+    } else if (op == "reduce") {
+      co_await with_redop([&](auto r) { return comm_.reduce(in.view(), out.view(), 0, r, o); });
+    } else if (op == "all_gather") {
+      co_await comm_.all_gather(in.view(), out.view(), o);
+    } else if (op == "reduce_scatter") {
+      co_await with_redop(
+          [&](auto r) { return comm_.reduce_scatter(in.view(), out.view(), r, o); });
+    } else if (op == "all_to_all") {
+      co_await comm_.all_to_all(in.view(), out.view(), o);
+    } else if (op == "gather") {
+      co_await comm_.gather(in.view(), rank == 0 ? out.view() : out.block(0, 0), 0, o);
+    } else if (op == "scatter") {
+      co_await comm_.scatter(rank == 0 ? in.view() : in.block(0, 0), out.view(), 0, o);
+    } else if (op == "barrier") {
+      co_await comm_.barrier(o);
+    } else if (op == "sendrecv") {
+      if (rank == 0) {
+        co_await comm_.send(in.view(), 1, 0, o);
+        co_await comm_.recv(out.view(), 1, 0, o);
+      } else if (rank == 1) {
+        co_await comm_.recv(out.view(), 0, 0, o);
+        co_await comm_.send(out.view(), 0, 0, o);
+      }
+    }
+  }
+
+  // Elements of this rank's result that differ from the expectation.
+  std::size_t wrong(const std::string& op, buffer& out) const {
+    int rank = comm_.rank(), world = comm_.size();
+    auto n = out.count;
+    auto bad = [&](std::size_t i, double expected) { return out.get(i) != expected ? 1u : 0u; };
+    std::size_t errors = 0;
+    if (op == "all_reduce" || (op == "reduce" && rank == 0)) {
+      for (std::size_t i = 0; i < n; ++i) errors += bad(i, reduced(s_.redop, world, i));
+    } else if (op == "broadcast" || (op == "sendrecv" && rank <= 1)) {
+      // sendrecv: rank 1 echoes what rank 0 sent, so both hold rank 0's input.
+      for (std::size_t i = 0; i < n; ++i) errors += bad(i, input_value(0, i));
+    } else if (op == "all_gather" || (op == "gather" && rank == 0)) {
+      std::size_t block = n / static_cast<std::size_t>(world);
+      for (std::size_t i = 0; i < n; ++i)
+        errors += bad(i, input_value(static_cast<int>(i / block), i % block));
+    } else if (op == "reduce_scatter") {
+      std::size_t first = static_cast<std::size_t>(rank) * n;
+      for (std::size_t i = 0; i < n; ++i) errors += bad(i, reduced(s_.redop, world, first + i));
+    } else if (op == "all_to_all") {
+      std::size_t block = n / static_cast<std::size_t>(world);
+      for (std::size_t i = 0; i < n; ++i)
+        errors += bad(i, input_value(static_cast<int>(i / block),
+                                     static_cast<std::size_t>(rank) * block + i % block));
+    } else if (op == "scatter") {
+      std::size_t first = static_cast<std::size_t>(rank) * n;
+      for (std::size_t i = 0; i < n; ++i) errors += bad(i, input_value(0, first + i));
+    }
+    return errors;
+  }
+
+  asio::awaitable<void> row(const std::string& op, std::size_t bytes) {
+    int rank = comm_.rank(), world = comm_.size();
+    auto elem = dcomm::size_of(s_.type);
+    auto sh = shape_of(op, bytes, elem, world);
+    buffer in(s_.type, sh.in_count), out(s_.type, sh.out_count);
+    auto prepare = [&] {
+      in.fill(rank);
+      // broadcast is in place: the root's data is its input.
+      if (op == "broadcast") rank == 0 ? out.fill(0) : out.fill(world + 7);
+    };
+
+    std::int64_t errors = -1;
+    if (s_.check) {
+      prepare();
+      co_await call(op, in, out);
+      std::vector<std::int64_t> e{static_cast<std::int64_t>(wrong(op, out))};
+      co_await comm_.all_reduce(e, dcomm::sum);
+      errors = e[0];
+    }
+    prepare();
+    for (int i = 0; i < s_.warmup; ++i) co_await call(op, in, out);
+    int iters =
+        s_.iters > 0
+            ? s_.iters
+            : static_cast<int>(std::clamp<double>(2e8 / std::max<double>(bytes, 1), 5, 200));
+    std::vector<double> us;
+    us.reserve(static_cast<std::size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      co_await comm_.barrier();
+      auto t0 = clock_type::now();
+      co_await call(op, in, out);
+      us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    double median = us[us.size() / 2];
+    if (op == "sendrecv") median /= 2;
+    std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * elem;
+    if (rank == 0) {
+      double algbw = static_cast<double>(row_bytes) / (median * 1e3);
+      bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
+      std::printf("%14s %12zu %12zu %9s %7s %11.1f %8.3f %8.3f %7s\n", op.c_str(), row_bytes,
+                  std::max(sh.in_count, sh.out_count), std::string(dcomm::name(s_.type)).c_str(),
+                  reduces ? s_.redop.c_str() : "none", median, algbw, algbw * sh.bus_factor,
+                  errors < 0 ? "-" : std::to_string(errors).c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  asio::awaitable<void> run() {
+    int world = comm_.size();
+    if (comm_.rank() == 0) {
+      std::printf("# dcomm collective_bench: tcp_backend, world %d, dtype %s, algorithm %s\n",
+                  world, std::string(dcomm::name(s_.type)).c_str(),
+                  std::string(dcomm::name(s_.algo)).c_str());
+      std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
+                  std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
+                      ? "; sendrecv: half a round trip"
+                      : "");
+      std::printf("%14s %12s %12s %9s %7s %11s %8s %8s %7s\n", "# op", "size(B)", "count", "type",
+                  "redop", "time(us)", "algbw", "busbw", "#wrong");
+      std::printf("%14s %12s %12s %9s %7s %11s %8s %8s %7s\n", "#", "", "(elements)", "", "", "",
+                  "(GB/s)", "(GB/s)", "");
+      std::fflush(stdout);
+    }
+    for (const auto& op : s_.ops) {
+      if (op == "sendrecv" && world < 2) continue;
+      if (op == "barrier") {
+        co_await row(op, 0);
+        continue;
+      }
+      auto elem = dcomm::size_of(s_.type);
+      for (std::size_t bytes = std::max(s_.min_bytes, elem); bytes <= s_.max_bytes;
+           bytes *= s_.factor) {
+        // Block-shaped ops need at least one element per rank.
+        if (shape_of(op, bytes, elem, world).out_count == 0) continue;
+        co_await row(op, bytes);
+      }
+    }
+  }
+
+ private:
+  template <class F>
+  auto with_redop(F f) -> asio::awaitable<void> {
+    if (s_.redop == "min")
+      co_await f(dcomm::min);
+    else if (s_.redop == "max")
+      co_await f(dcomm::max);
+    else
+      co_await f(dcomm::sum);
+  }
+
+  comm_type comm_;
+  const settings& s_;
+};
+
+int run_rank(const settings& s) {
+  asio::io_context context;
+  dcomm::init_options<dcomm::tcp_backend> o{.timeout = 120s};
+  // Spawned ranks share this host: keep the mesh on loopback.
+  if (s.world > 0) o.backend.bind_host = "127.0.0.1";
+  if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
+  if (s.eager_limit) o.backend.eager_limit = s.eager_limit;
+  dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
+    auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);
+    runner r(comm, s);
+    co_await r.run();
+  }());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto s = parse(argc, argv);
+    if (s.world > 0)
+      dcomm::spawn(s.world, [&](int) { return run_rank(s); });
+    else
+      run_rank(s);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collective_bench: %s\n", e.what());
+    return 1;
+  }
+}
