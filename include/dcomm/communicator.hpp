@@ -119,8 +119,23 @@ inline bool partly_overlaps(const void* a, std::size_t an, const void* b, std::s
 
 }  // namespace detail
 
-// The handle isend/irecv return: test() polls, wait() blocks,
-// co_await req.async_wait() suspends. A failure is rethrown by wait().
+// The token that makes an operation without a result start at once and
+// return a dcomm::request (torch's async_op=True):
+//   auto req = comm.all_reduce(grads, dcomm::avg, dcomm::as_request);
+//   ... compute ...
+//   co_await req.async_wait();
+struct as_request_t {
+  constexpr as_request_t() = default;
+};
+inline constexpr as_request_t as_request{};
+
+// What a communicator operation without a result takes as its last argument.
+template <typename Token>
+concept op_token = completion_token_for<Token> || std::same_as<std::decay_t<Token>, as_request_t>;
+
+// The handle isend/irecv (and dcomm::as_request) return: test() polls,
+// wait() blocks, co_await req.async_wait() suspends. A failure is rethrown
+// by wait().
 class request {
  public:
   request() = default;
@@ -167,14 +182,32 @@ class request {
   template <completion_token_for Token = default_token_t>
   auto async_wait(Token&& token = {}) const {
     check_valid();
-    asio::any_io_executor executor;
-    {
-      std::lock_guard lock(state_->mutex);
-      executor = state_->executor;
+    if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
+      return wait();
+    } else {
+      return asio::async_initiate<Token, void(std::exception_ptr)>(
+          [](auto handler, std::shared_ptr<state> s) {
+            asio::any_io_executor executor;
+            std::exception_ptr failure;
+            bool done;
+            {
+              std::lock_guard lock(s->mutex);
+              done = s->done;
+              failure = s->failure;
+              executor = s->executor;
+            }
+            if (!done) {
+              asio::co_spawn(executor, wait_op(std::move(s)), std::move(handler));
+              return;
+            }
+            // Finished: the request has let go of its executor, so the
+            // handler runs on its own (a coroutine's: its executor).
+            auto target = asio::get_associated_executor(handler);
+            asio::post(target,
+                       [h = std::move(handler), failure]() mutable { std::move(h)(failure); });
+          },
+          token, state_);
     }
-    return detail::initiate(executor, wait_op(state_), std::forward<Token>(token),
-                            "request.async_wait",
-                            state_->deadline - clock::now() + detail::blocking_grace);
   }
 
  private:
@@ -274,15 +307,15 @@ class communicator {
   // ---------------------------------------------------------------- p2p
   // Sizes must match exactly between sender and receiver (errc::mismatch).
 
-  template <tensor T, completion_token_for Token = default_token_t>
+  template <tensor T, op_token Token = default_token_t>
   auto send(const T& t, int dst, Token&& token = {}) const {
     return send(t, dst, 0, op_options{}, std::forward<Token>(token));
   }
-  template <tensor T, completion_token_for Token = default_token_t>
+  template <tensor T, op_token Token = default_token_t>
   auto send(const T& t, int dst, int tag, Token&& token = {}) const {
     return send(t, dst, tag, op_options{}, std::forward<Token>(token));
   }
-  template <tensor T, completion_token_for Token = default_token_t>
+  template <tensor T, op_token Token = default_token_t>
   auto send(const T& t, int dst, int tag, op_options o, Token&& token = {}) const {
     auto in = view(t);
     auto bad = check([&] { check_peer(dst, "send", in); });
@@ -290,15 +323,15 @@ class communicator {
                         [in, dst](Backend& b, const op_context& c) { return b.send(c, in, dst); });
   }
 
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto recv(T&& t, int src, Token&& token = {}) const {
     return recv(std::forward<T>(t), src, 0, op_options{}, std::forward<Token>(token));
   }
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto recv(T&& t, int src, int tag, Token&& token = {}) const {
     return recv(std::forward<T>(t), src, tag, op_options{}, std::forward<Token>(token));
   }
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto recv(T&& t, int src, int tag, op_options o, Token&& token = {}) const {
     auto out = mutable_view(t);
     auto bad = check([&] { check_peer(src, "recv", out); });
@@ -326,22 +359,22 @@ class communicator {
 
   // -------------------------------------------------------- collectives
 
-  template <completion_token_for Token = default_token_t>
+  template <op_token Token = default_token_t>
   auto barrier(Token&& token = {}) const {
     return barrier(op_options{}, std::forward<Token>(token));
   }
-  template <completion_token_for Token = default_token_t>
+  template <op_token Token = default_token_t>
   auto barrier(op_options o, Token&& token = {}) const {
     return launch<void>("barrier", std::forward<Token>(token), nullptr, coll_context(o),
                         [](Backend& b, const op_context& c) { return b.barrier(c); });
   }
 
   // Every rank's buffer ends up equal to the root's.
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto broadcast(T&& buf, int root, Token&& token = {}) const {
     return broadcast(std::forward<T>(buf), root, op_options{}, std::forward<Token>(token));
   }
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto broadcast(T&& buf, int root, op_options o, Token&& token = {}) const {
     auto v = mutable_view(buf);
     auto bad = check([&] {
@@ -355,11 +388,11 @@ class communicator {
 
   // The root's buffer becomes the reduction of everyone's; the others'
   // buffers are left as they were.
-  template <mutable_tensor T, class Op, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce(T&& buf, int root, const Op& op, Token&& token = {}) const {
     return reduce(std::forward<T>(buf), root, op, op_options{}, std::forward<Token>(token));
   }
-  template <mutable_tensor T, class Op, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce(T&& buf, int root, const Op& op, op_options o,
                                     Token&& token = {}) const {
     auto v = mutable_view(buf);
@@ -367,12 +400,12 @@ class communicator {
   }
   // Out of place: `out` is written on the root only (other ranks may pass
   // an empty buffer).
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce(const In& in, Out&& out, int root, const Op& op,
                                     Token&& token = {}) const {
     return reduce(in, std::forward<Out>(out), root, op, op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce(const In& in, Out&& out, int root, const Op& op, op_options o,
                                     Token&& token = {}) const {
     same_element<In, Out>();
@@ -380,22 +413,22 @@ class communicator {
                                       std::forward<Token>(token));
   }
 
-  template <mutable_tensor T, class Op, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto all_reduce(T&& buf, const Op& op, Token&& token = {}) const {
     return all_reduce(std::forward<T>(buf), op, op_options{}, std::forward<Token>(token));
   }
-  template <mutable_tensor T, class Op, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto all_reduce(T&& buf, const Op& op, op_options o,
                                         Token&& token = {}) const {
     auto v = mutable_view(buf);
     return all_reduce_impl<element_t<T>>(v, v, op, o, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto all_reduce(const In& in, Out&& out, const Op& op,
                                         Token&& token = {}) const {
     return all_reduce(in, std::forward<Out>(out), op, op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto all_reduce(const In& in, Out&& out, const Op& op, op_options o,
                                         Token&& token = {}) const {
     same_element<In, Out>();
@@ -404,11 +437,11 @@ class communicator {
   }
 
   // in (root): size() blocks of out's size; block i goes to rank i.
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto scatter(const In& in, Out&& out, int root, Token&& token = {}) const {
     return scatter(in, std::forward<Out>(out), root, op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto scatter(const In& in, Out&& out, int root, op_options o, Token&& token = {}) const {
     same_element<In, Out>();
     auto i = view(in);
@@ -426,7 +459,7 @@ class communicator {
         [i, w, root](Backend& b, const op_context& c) { return b.scatter(c, i, w, root); });
   }
   // In place: every rank passes size() blocks; rank r's block r is written.
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto scatter(T&& buf, int root, Token&& token = {}) const {
     auto v = mutable_view(buf);
     auto block = v.count / static_cast<std::size_t>(size());
@@ -437,11 +470,11 @@ class communicator {
   }
 
   // out (root): size() blocks of in's size; block i comes from rank i.
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto gather(const In& in, Out&& out, int root, Token&& token = {}) const {
     return gather(in, std::forward<Out>(out), root, op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto gather(const In& in, Out&& out, int root, op_options o, Token&& token = {}) const {
     same_element<In, Out>();
     auto i = view(in);
@@ -459,18 +492,18 @@ class communicator {
         [i, w, root](Backend& b, const op_context& c) { return b.gather(c, i, w, root); });
   }
   // In place: rank r's contribution is block r of its buffer.
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto gather(T&& buf, int root, Token&& token = {}) const {
     auto v = mutable_view(buf);
     return gather(own_block(v), v, root, op_options{}, std::forward<Token>(token));
   }
 
   // out: size() blocks of in's size, block i from rank i.
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto all_gather(const In& in, Out&& out, Token&& token = {}) const {
     return all_gather(in, std::forward<Out>(out), op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto all_gather(const In& in, Out&& out, op_options o, Token&& token = {}) const {
     same_element<In, Out>();
     auto i = view(in);
@@ -484,19 +517,19 @@ class communicator {
                         [i, w](Backend& b, const op_context& c) { return b.all_gather(c, i, w); });
   }
   // In place: rank r's contribution is block r of its buffer.
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto all_gather(T&& buf, Token&& token = {}) const {
     auto v = mutable_view(buf);
     return all_gather(own_block(v), v, op_options{}, std::forward<Token>(token));
   }
 
   // in: size() blocks of out's size; rank r gets the reduction of block r.
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce_scatter(const In& in, Out&& out, const Op& op,
                                             Token&& token = {}) const {
     return reduce_scatter(in, std::forward<Out>(out), op, op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, class Op, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce_scatter(const In& in, Out&& out, const Op& op, op_options o,
                                             Token&& token = {}) const {
     same_element<In, Out>();
@@ -514,7 +547,7 @@ class communicator {
                                        });
   }
   // In place: the result is written to block r of the buffer.
-  template <mutable_tensor T, class Op, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, class Op, op_token Token = default_token_t>
   requires(!tensor<Op>) auto reduce_scatter(T&& buf, const Op& op, Token&& token = {}) const {
     auto v = mutable_view(buf);
     auto mine = own_block(v);
@@ -525,11 +558,11 @@ class communicator {
 
   // in, out: size() blocks; block j of rank i's in becomes block i of
   // rank j's out.
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto all_to_all(const In& in, Out&& out, Token&& token = {}) const {
     return all_to_all(in, std::forward<Out>(out), op_options{}, std::forward<Token>(token));
   }
-  template <tensor In, mutable_tensor Out, completion_token_for Token = default_token_t>
+  template <tensor In, mutable_tensor Out, op_token Token = default_token_t>
   auto all_to_all(const In& in, Out&& out, op_options o, Token&& token = {}) const {
     same_element<In, Out>();
     auto i = view(in);
@@ -550,7 +583,7 @@ class communicator {
                         [i, w](Backend& b, const op_context& c) { return b.all_to_all(c, i, w); });
   }
   // In place (through a copy of the buffer).
-  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  template <mutable_tensor T, op_token Token = default_token_t>
   auto all_to_all(T&& buf, Token&& token = {}) const {
     auto v = mutable_view(buf);
     auto copy = std::make_shared<std::vector<std::byte>>(
@@ -631,7 +664,7 @@ class communicator {
 
   // obj becomes the root's value on every rank (strings and vectors may
   // change size).
-  template <object_value T, completion_token_for Token = default_token_t>
+  template <object_value T, op_token Token = default_token_t>
   auto broadcast_object(T& obj, int root, Token&& token = {}) const {
     auto bad = check([&] { check_rank(root, "broadcast_object", "root"); });
     auto ctx = coll_context({}, bad);
@@ -882,6 +915,17 @@ class communicator {
   template <class R, class Token, class F>
   auto launch(const char* operation, Token&& token, std::exception_ptr bad, op_context ctx,
               F f) const {
+    if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
+      static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
+      return start_request(operation, bad, std::move(ctx), std::move(f));
+    } else {
+      return initiate_op<R>(operation, std::forward<Token>(token), bad, std::move(ctx),
+                            std::move(f));
+    }
+  }
+  template <class R, class Token, class F>
+  auto initiate_op(const char* operation, Token&& token, std::exception_ptr bad, op_context ctx,
+                   F f) const {
     auto limit = ctx.deadline - clock::now() + detail::blocking_grace;
     auto op = bad ? refuse_any<R>(bad) : hold<R>(rt_, std::move(ctx), std::move(f));
     return detail::initiate(rt_->backend->get_executor(), std::move(op), std::forward<Token>(token),

@@ -10,6 +10,7 @@
 #include "dcomm/distributed_sampler.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
+#include "dcomm/gradient_bucketer.hpp"
 #include "dcomm/half.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/reduce_op.hpp"
