@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # dcomm's setup script: installs what is missing (Debian 12), builds, runs.
 #
-#   ./setup.sh demo    build and run the demo: 4 ranks rendezvous and use the store
+#   ./setup.sh demo    build and run the demo: 4 ranks train on Fashion-MNIST (synchronous SGD)
 #   ./setup.sh test    build with g++ and clang++ (-Werror) and with ASan+UBSan,
 #                      run every test, print 'N passed, N failed, N skipped'
 #   ./setup.sh deps    only install the packages
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(meson ninja-build pkg-config g++ clang libasio-dev doctest-dev libssl-dev)
+packages=(meson ninja-build pkg-config g++ clang libasio-dev doctest-dev libssl-dev zlib1g-dev
+          dataset-fashion-mnist)
 
 install_missing() {
   local missing=()
@@ -80,9 +81,9 @@ run_tests() {
 }
 
 run_demo() {
-  configure build/demo g++ -Dbuildtype=debugoptimized -Dtests=false -Dbench=false
-  ninja -C build/demo examples/rendezvous_demo >/dev/null
-  build/demo/examples/rendezvous_demo --world 4
+  configure build/demo g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false
+  ninja -C build/demo examples/train_fashion_mnist >/dev/null
+  build/demo/examples/train_fashion_mnist --world 4
 }
 
 case "${1:-}" in

@@ -1,0 +1,384 @@
+// Distributed synchronous SGD on Fashion-MNIST: the PyTorch tutorial's
+// run() / average_gradients() program in C++, and the README's demo.
+//
+//   dcomm-run -n 4 train_fashion_mnist            4 ranks from env://
+//   train_fashion_mnist --world 4                 the same, spawned here
+//   train_fashion_mnist --world 1                 one rank, same result
+//
+// Each rank reads its share of the training set (distributed_sampler,
+// seeded: the 128 samples of a step are the same whatever the world size),
+// with a batch of 128 / world; a two-layer perceptron (784-128-10, ReLU)
+// computes its gradients by hand; gradient_bucketer averages them while the
+// backward pass goes on (or, with --average per_tensor, the tutorial's
+// average_gradients: one all_reduce per parameter). Rank 0 prints each
+// epoch's loss, throughput and time, then the test accuracy, counted by
+// every rank on its shard of the test set and summed with all_reduce.
+//
+// Options: --world N, --epochs 3, --lr 0.05, --momentum 0.9, --batch 128,
+// --seed 1234, --data DIR (/usr/share/datasets/fashion-mnist),
+// --train-limit N (use the first N training images), --average
+// bucketer|per_tensor.
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <dcomm/dcomm.hpp>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct settings {
+  int world = 0;  // 0: one rank of a launched job (env://)
+  int epochs = 3;
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  int batch = 128;  // in total, split across ranks
+  std::uint64_t seed = 1234;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::size_t train_limit = 0;
+  bool bucketer = true;
+};
+
+// ------------------------------------------------------------- data
+
+struct dataset {
+  std::vector<float> images;  // n x 784, normalised
+  std::vector<std::uint8_t> labels;
+  std::size_t size() const { return labels.size(); }
+  std::span<const float> image(std::size_t i) const { return {images.data() + i * 784, 784}; }
+};
+
+std::vector<std::uint8_t> read_gzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path);
+  std::vector<std::uint8_t> out;
+  std::uint8_t chunk[1 << 16];
+  int n;
+  while ((n = gzread(f, chunk, sizeof chunk)) > 0) out.insert(out.end(), chunk, chunk + n);
+  bool failed = n < 0;
+  gzclose(f);
+  if (failed) throw std::runtime_error("cannot decompress " + path + " (corrupt gzip?)");
+  return out;
+}
+
+std::uint32_t big_endian(const std::vector<std::uint8_t>& b, std::size_t at) {
+  return std::uint32_t{b[at]} << 24 | std::uint32_t{b[at + 1]} << 16 |
+         std::uint32_t{b[at + 2]} << 8 | std::uint32_t{b[at + 3]};
+}
+
+// The IDX files of (Fashion-)MNIST: magic 0x803 for images, 0x801 for labels.
+dataset load(const std::string& dir, const std::string& prefix, std::size_t limit) {
+  const std::string images_path = dir + "/" + prefix + "-images-idx3-ubyte.gz";
+  const std::string labels_path = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
+  for (const auto& p : {images_path, labels_path})
+    if (!std::filesystem::exists(p))
+      throw std::runtime_error(p +
+                               " not found. Install Debian's Fashion-MNIST package: "
+                               "apt-get install dataset-fashion-mnist (or pass --data DIR)");
+  auto img = read_gzip(images_path), lab = read_gzip(labels_path);
+  if (img.size() < 16 || big_endian(img, 0) != 0x803 || big_endian(img, 8) != 28 ||
+      big_endian(img, 12) != 28)
+    throw std::runtime_error(images_path + " is not an IDX file of 28x28 images");
+  if (lab.size() < 8 || big_endian(lab, 0) != 0x801)
+    throw std::runtime_error(labels_path + " is not an IDX label file");
+  std::size_t n = big_endian(img, 4);
+  if (big_endian(lab, 4) != n || img.size() != 16 + n * 784 || lab.size() != 8 + n)
+    throw std::runtime_error(prefix + ": image and label files do not agree in size");
+  if (limit) n = std::min(n, limit);
+  dataset d;
+  d.images.resize(n * 784);
+  d.labels.assign(lab.begin() + 8, lab.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  // Fashion-MNIST's mean and standard deviation of a pixel.
+  for (std::size_t i = 0; i < n * 784; ++i)
+    d.images[i] = (static_cast<float>(img[16 + i]) / 255.0f - 0.2860f) / 0.3530f;
+  return d;
+}
+
+// ------------------------------------------------------------ model
+
+// 784 -> 128 (ReLU) -> 10 -> log_softmax. Weights are stored input-major,
+// so every inner loop runs over contiguous outputs and vectorises.
+struct mlp {
+  static constexpr std::size_t in = 784, hidden = 128, out = 10;
+  std::vector<float> w1 = std::vector<float>(in * hidden), b1 = std::vector<float>(hidden),
+                     w2 = std::vector<float>(hidden * out), b2 = std::vector<float>(out);
+
+  // torch.nn.Linear's default: uniform in +-1/sqrt(fan_in).
+  explicit mlp(std::uint64_t seed) {
+    std::mt19937_64 gen(seed);
+    auto init = [&](std::vector<float>& v, std::size_t fan_in) {
+      std::uniform_real_distribution<float> u(-1.0f / std::sqrt(static_cast<float>(fan_in)),
+                                              1.0f / std::sqrt(static_cast<float>(fan_in)));
+      for (auto& x : v) x = u(gen);
+    };
+    init(w1, in);
+    init(b1, in);
+    init(w2, hidden);
+    init(b2, hidden);
+  }
+  std::vector<std::vector<float>*> parameters() { return {&w1, &b1, &w2, &b2}; }
+
+  // Hidden activations and logits of one image.
+  void forward(std::span<const float> x, float* h, float* z) const {
+    std::copy(b1.begin(), b1.end(), h);
+    for (std::size_t k = 0; k < in; ++k) {
+      const float xk = x[k];
+      const float* row = w1.data() + k * hidden;
+      for (std::size_t j = 0; j < hidden; ++j) h[j] += xk * row[j];
+    }
+    for (std::size_t j = 0; j < hidden; ++j) h[j] = std::max(h[j], 0.0f);
+    std::copy(b2.begin(), b2.end(), z);
+    for (std::size_t j = 0; j < hidden; ++j) {
+      const float* row = w2.data() + j * out;
+      for (std::size_t o = 0; o < out; ++o) z[o] += h[j] * row[o];
+    }
+  }
+  static void log_softmax(float* z) {
+    float top = *std::max_element(z, z + out), sum = 0;
+    for (std::size_t o = 0; o < out; ++o) sum += std::exp(z[o] - top);
+    const float log_sum = top + std::log(sum);
+    for (std::size_t o = 0; o < out; ++o) z[o] -= log_sum;
+  }
+};
+
+struct gradients {
+  std::vector<float> w1 = std::vector<float>(mlp::in * mlp::hidden),
+                     b1 = std::vector<float>(mlp::hidden),
+                     w2 = std::vector<float>(mlp::hidden * mlp::out),
+                     b2 = std::vector<float>(mlp::out);
+  std::vector<std::vector<float>*> all() { return {&w1, &b1, &w2, &b2}; }
+  void zero() {
+    for (auto* g : all()) std::fill(g->begin(), g->end(), 0.0f);
+  }
+};
+
+// --------------------------------------------------------- training
+
+using comm_t = dcomm::communicator<dcomm::tcp_backend>;
+
+struct trainer {
+  const settings& s;
+  comm_t& comm;
+  const dataset& train;
+  mlp model;
+  gradients grad;
+  std::vector<std::vector<float>> velocity;
+  std::vector<float> hidden, logits;  // per sample of a batch
+
+  trainer(const settings& options, comm_t& c, const dataset& data)
+      : s(options), comm(c), train(data), model(options.seed) {
+    for (auto* p : model.parameters()) velocity.emplace_back(p->size(), 0.0f);
+  }
+
+  // The tutorial's average_gradients: one all_reduce per parameter.
+  void average_gradients() {
+    const auto size = static_cast<float>(comm.size());
+    for (auto* g : grad.all()) {
+      comm.all_reduce(*g, dcomm::sum, dcomm::blocking);
+      for (auto& x : *g) x /= size;
+    }
+  }
+
+  // Forward and backward over one local batch; returns its mean loss.
+  // Gradients of the second layer are complete first: with the bucketer,
+  // their all_reduce runs while the first layer's are computed.
+  float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<dcomm::tcp_backend>* b) {
+    const std::size_t n = batch.size(), H = mlp::hidden, O = mlp::out;
+    hidden.resize(n * H);
+    logits.resize(n * O);
+    grad.zero();
+    float loss = 0;
+    std::vector<float> dz(n * O);
+    for (std::size_t i = 0; i < n; ++i) {
+      float* z = logits.data() + i * O;
+      model.forward(train.image(batch[i]), hidden.data() + i * H, z);
+      mlp::log_softmax(z);
+      const auto y = train.labels[batch[i]];
+      loss -= z[y];
+      // d(mean nll)/dz = (softmax - onehot) / n
+      for (std::size_t o = 0; o < O; ++o)
+        dz[i * O + o] = (std::exp(z[o]) - (o == y ? 1.0f : 0.0f)) / static_cast<float>(n);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* h = hidden.data() + i * H;
+      for (std::size_t j = 0; j < H; ++j)
+        for (std::size_t o = 0; o < O; ++o) grad.w2[j * O + o] += h[j] * dz[i * O + o];
+      for (std::size_t o = 0; o < O; ++o) grad.b2[o] += dz[i * O + o];
+    }
+    if (b) {
+      b->mark_ready(2);  // w2
+      b->mark_ready(3);  // b2
+    }
+    std::vector<float> dh(H);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* h = hidden.data() + i * H;
+      for (std::size_t j = 0; j < H; ++j) {
+        float acc = 0;
+        for (std::size_t o = 0; o < O; ++o) acc += dz[i * O + o] * model.w2[j * O + o];
+        dh[j] = h[j] > 0 ? acc : 0.0f;
+      }
+      auto x = train.image(batch[i]);
+      for (std::size_t k = 0; k < mlp::in; ++k) {
+        const float xk = x[k];
+        float* row = grad.w1.data() + k * H;
+        for (std::size_t j = 0; j < H; ++j) row[j] += xk * dh[j];
+      }
+      for (std::size_t j = 0; j < H; ++j) grad.b1[j] += dh[j];
+    }
+    if (b) {
+      b->mark_ready(0);
+      b->mark_ready(1);
+      b->wait(dcomm::blocking);
+    } else {
+      average_gradients();
+    }
+    // SGD with momentum, as torch.optim.SGD: v = m v + g; p -= lr v.
+    auto params = model.parameters();
+    auto grads = grad.all();
+    for (std::size_t p = 0; p < params.size(); ++p)
+      for (std::size_t i = 0; i < params[p]->size(); ++i) {
+        velocity[p][i] = s.momentum * velocity[p][i] + (*grads[p])[i];
+        (*params[p])[i] -= s.lr * velocity[p][i];
+      }
+    return loss / static_cast<float>(n);
+  }
+};
+
+int run(const settings& s) {
+  auto comm =
+      dcomm::init_process_group<dcomm::tcp_backend>({.init_method = "env://", .timeout = 60s});
+  const int rank = comm.rank(), world = comm.size();
+  auto say = [&](const char* line) {
+    if (rank == 0) {
+      std::fputs(line, stdout);
+      std::fflush(stdout);
+    }
+  };
+  char line[256];
+  if (s.batch % world != 0)
+    throw std::runtime_error("the batch of " + std::to_string(s.batch) +
+                             " does not split evenly over " + std::to_string(world) + " ranks");
+  const dataset train = load(s.data, "train", s.train_limit);
+  const dataset test = load(s.data, "t10k", 0);
+
+  trainer t(s, comm, train);
+  // Every replica starts from rank 0's weights, as DDP does.
+  for (auto* p : t.model.parameters()) comm.broadcast(*p, 0, dcomm::blocking);
+  dcomm::gradient_bucketer<dcomm::tcp_backend> bucketer(comm);
+  for (auto* g : t.grad.all()) bucketer.add(*g);
+
+  dcomm::distributed_sampler sampler(
+      {.dataset_size = train.size(), .num_replicas = world, .rank = rank, .seed = s.seed});
+  const std::size_t local_batch = static_cast<std::size_t>(s.batch / world);
+  std::snprintf(line, sizeof line,
+                "Fashion-MNIST: %zu training images, %d rank(s), batch %d (%zu per rank), %s\n",
+                train.size(), world, s.batch, local_batch,
+                s.bucketer ? "gradients averaged by gradient_bucketer"
+                           : "gradients averaged per tensor (the tutorial's average_gradients)");
+  say(line);
+  const auto start = std::chrono::steady_clock::now();
+  for (int epoch = 0; epoch < s.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto epoch_start = std::chrono::steady_clock::now();
+    const auto& order = sampler.indices();
+    double loss_sum = 0;
+    std::size_t batches = 0;
+    for (std::size_t at = 0; at < order.size(); at += local_batch, ++batches) {
+      std::span<const std::size_t> batch(order.data() + at,
+                                         std::min(local_batch, order.size() - at));
+      loss_sum += t.step(batch, s.bucketer ? &bucketer : nullptr);
+    }
+    // The epoch's loss averaged over ranks, as every rank sees it.
+    std::vector<double> mean{loss_sum / static_cast<double>(batches)};
+    comm.all_reduce(mean, dcomm::avg, dcomm::blocking);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    std::snprintf(line, sizeof line, "epoch %d: loss %.4f, %.0f images/s, %.1f s\n", epoch + 1,
+                  mean[0], static_cast<double>(sampler.total_size()) / seconds, seconds);
+    say(line);
+  }
+
+  // Each rank scores its shard of the test set; the counts are summed.
+  std::vector<std::int64_t> counts{0, 0};  // correct, seen
+  std::vector<float> h(mlp::hidden), z(mlp::out);
+  for (std::size_t i = static_cast<std::size_t>(rank); i < test.size();
+       i += static_cast<std::size_t>(world)) {
+    t.model.forward(test.image(i), h.data(), z.data());
+    counts[0] += std::max_element(z.begin(), z.end()) - z.begin() == test.labels[i];
+    counts[1] += 1;
+  }
+  comm.all_reduce(counts, dcomm::sum, dcomm::blocking);
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::snprintf(line, sizeof line, "test accuracy: %.2f%% (%lld of %lld), trained in %.1f s\n",
+                100.0 * static_cast<double>(counts[0]) / static_cast<double>(counts[1]),
+                static_cast<long long>(counts[0]), static_cast<long long>(counts[1]), total);
+  say(line);
+  return 0;
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--world")
+      s.world = std::stoi(value());
+    else if (a == "--epochs")
+      s.epochs = std::stoi(value());
+    else if (a == "--lr")
+      s.lr = std::stof(value());
+    else if (a == "--momentum")
+      s.momentum = std::stof(value());
+    else if (a == "--batch")
+      s.batch = std::stoi(value());
+    else if (a == "--seed")
+      s.seed = std::stoull(value());
+    else if (a == "--data")
+      s.data = value();
+    else if (a == "--train-limit")
+      s.train_limit = std::stoull(value());
+    else if (a == "--average") {
+      auto v = value();
+      if (v != "bucketer" && v != "per_tensor")
+        throw std::invalid_argument("--average: bucketer or per_tensor");
+      s.bucketer = v == "bucketer";
+    } else
+      throw std::invalid_argument("unknown argument " + a +
+                                  " (see the top of examples/train_fashion_mnist.cpp)");
+  }
+  if (s.epochs < 1 || s.batch < 1) throw std::invalid_argument("--epochs and --batch must be >= 1");
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const settings s = parse(argc, argv);
+    // Fail before starting ranks when the data is not there.
+    load(s.data, "t10k", 1);
+    if (s.world > 0)
+      dcomm::spawn(s.world, [&](int) { return run(s); });
+    else
+      run(s);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
