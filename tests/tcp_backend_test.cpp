@@ -261,6 +261,23 @@ TEST_SUITE("tcp groups") {
 }
 
 TEST_SUITE("tcp failures") {
+  TEST_CASE("a peer that did its part of a collective and left is no error for late ranks") {
+    DCOMM_TEST_DEADLINE(60s);
+    // Broadcast from 0 in a binomial tree of 4: 0 sends to 2 and 1, 2 to 3.
+    // Ranks 0 and 1 finish and leave; 2 and 3 start late. Their messages
+    // wait for them, and 3 never needed 0 or 1 at all.
+    DCOMM_REQUIRE_WORLD(4, [](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<std::int32_t> data(100, r == 0 ? 7 : 0);
+      if (r >= 2) {
+        asio::steady_timer late(co_await asio::this_coro::executor, 300ms);
+        co_await late.async_wait(asio::use_awaitable);
+      }
+      co_await c.broadcast(data, 0,
+                           dcomm::op_options{.algorithm = dcomm::algorithm::binomial_tree});
+      require(data[99] == 7, "broadcast payload on rank " + std::to_string(r));
+    });
+  }
+
   TEST_CASE("ranks calling different collectives fail with mismatch naming both calls, at once") {
     DCOMM_TEST_DEADLINE(60s);
     auto start = std::chrono::steady_clock::now();

@@ -238,11 +238,10 @@ class transport : public std::enable_shared_from_this<transport> {
                                       : "the communicator was destroyed"));
       return;
     }
-    for (int p : op.members)
-      if (p != rank_ && peer_lost(p)) {
-        fail_op(op, lost_error(op, p));
-        return;
-      }
+    // A lost member does not fail the call here: that peer may have sent
+    // its part before leaving (the messages wait in `unexpected`), or may
+    // have no part to play with this rank. Posting to it fails (post_recv,
+    // post_send), and the ranks that fail tell the rest with fail frames.
     if (op.collective) {
       auto it = failed_calls_.find(call_id{op.group, op.seq});
       if (it != failed_calls_.end()) fail_op(op, it->second);
