@@ -84,7 +84,7 @@ inline std::string printable(std::string_view text) {
   return out;
 }
 
-inline std::string quoted(std::string_view text) {
+inline std::string in_quotes(std::string_view text) {
   return "'" + printable(text) + "'";
 }
 
@@ -128,13 +128,13 @@ struct value_source {
       case value_origin::code:
         return name + "=" + text + " passed in code";
       case value_origin::query:
-        return name + "=" + quoted(text) + " in the query string";
+        return name + "=" + in_quotes(text) + " in the query string";
       case value_origin::url:
-        return name + " " + quoted(text) + " in the URL";
+        return name + " " + in_quotes(text) + " in the URL";
       case value_origin::environment:
         break;
     }
-    return name + "=" + quoted(text);
+    return name + "=" + in_quotes(text);
   }
 };
 
@@ -160,7 +160,7 @@ inline int parse_int(const value_source& source, std::string_view url, std::stri
   if (end != text.data() + text.size())
     throw_init_error(url, source.name, "an integer " + std::string(meaning), source.describe(),
                      "unexpected " +
-                         quoted(std::string_view(end, text.data() + text.size() - end)) +
+                         in_quotes(std::string_view(end, text.data() + text.size() - end)) +
                          " after the number");
   return value;
 }
@@ -335,11 +335,11 @@ inline url_parts split_url(std::string_view url) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
   };
   if (is_blank(url.front()) || is_blank(url.back()))
-    throw_init_error(url, "init_method", std::string(supported_init_methods), quoted(url),
+    throw_init_error(url, "init_method", std::string(supported_init_methods), in_quotes(url),
                      "remove the blanks around the URL");
   for (char c : url)
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-      throw_init_error(url, "init_method", std::string(supported_init_methods), quoted(url),
+      throw_init_error(url, "init_method", std::string(supported_init_methods), in_quotes(url),
                        "the URL contains a control character");
 
   const std::size_t colon = url.find(':');
@@ -349,7 +349,7 @@ inline url_parts split_url(std::string_view url) {
     scheme_ok = is_ascii_alpha(c) || is_ascii_digit(c) || c == '+' || c == '-' || c == '.';
   }
   if (!scheme_ok)
-    throw_init_error(url, "init_method", std::string(supported_init_methods), quoted(url),
+    throw_init_error(url, "init_method", std::string(supported_init_methods), in_quotes(url),
                      "not a URL: it must start with env://, tcp:// or file://");
 
   url_parts parts;
@@ -357,7 +357,7 @@ inline url_parts split_url(std::string_view url) {
 
   std::string_view rest = url.substr(colon + 1);
   if (const std::size_t hash = rest.find('#'); hash != std::string_view::npos)
-    throw_init_error(url, "init_method", "no fragment", quoted(rest.substr(hash)),
+    throw_init_error(url, "init_method", "no fragment", in_quotes(rest.substr(hash)),
                      "dcomm does not understand URL fragments; remove the '#' part");
   if (const std::size_t question = rest.find('?'); question != std::string_view::npos) {
     parts.query = rest.substr(question + 1);
@@ -394,14 +394,14 @@ inline query_values parse_query(std::string_view query, std::string_view url) {
     else if (name == "world_size")
       slot = &values.world_size;
     else
-      throw_init_error(url, name, "only the query parameters rank and world_size", quoted(item),
-                       "unknown query parameter " + quoted(name));
+      throw_init_error(url, name, "only the query parameters rank and world_size", in_quotes(item),
+                       "unknown query parameter " + in_quotes(name));
     if (eq == std::string_view::npos)
-      throw_init_error(url, name, std::string(name) + "=<integer>", quoted(item),
+      throw_init_error(url, name, std::string(name) + "=<integer>", in_quotes(item),
                        "query parameter " + std::string(name) + " has no value");
     if (slot->has_value())
       throw_init_error(url, name, std::string(name) + " at most once",
-                       (*slot)->describe() + " and " + quoted(item),
+                       (*slot)->describe() + " and " + in_quotes(item),
                        "query parameter " + std::string(name) + " appears twice");
     *slot = value_source{value_origin::query, std::string(name), std::string(item.substr(eq + 1))};
   }
@@ -536,38 +536,39 @@ inline void resolve_ranks(init_spec& spec, std::optional<int> code_rank,
 
 inline void parse_tcp_authority(init_spec& spec, std::string_view authority, std::string_view url) {
   constexpr const char* example = "tcp://host:port, e.g. tcp://10.0.0.1:29500";
-  if (authority.empty()) throw_init_error(url, "host", example, quoted(url), "the host is empty");
+  if (authority.empty())
+    throw_init_error(url, "host", example, in_quotes(url), "the host is empty");
   if (authority.find('@') != std::string_view::npos)
-    throw_init_error(url, "host", example, quoted(authority),
+    throw_init_error(url, "host", example, in_quotes(authority),
                      "user names ('user@') are not supported");
   std::string_view host, rest;
   if (authority.front() == '[') {
     const std::size_t close = authority.find(']');
     if (close == std::string_view::npos)
-      throw_init_error(url, "host", "tcp://[IPv6]:port, e.g. tcp://[::1]:29500", quoted(authority),
-                       "missing ']' after the IPv6 address");
+      throw_init_error(url, "host", "tcp://[IPv6]:port, e.g. tcp://[::1]:29500",
+                       in_quotes(authority), "missing ']' after the IPv6 address");
     host = authority.substr(1, close - 1);
     rest = authority.substr(close + 1);
     if (!is_ipv6_literal(host))
-      throw_init_error(url, "host", "an IPv6 address inside the brackets, e.g. [::1]", quoted(host),
-                       "not a valid IPv6 address");
+      throw_init_error(url, "host", "an IPv6 address inside the brackets, e.g. [::1]",
+                       in_quotes(host), "not a valid IPv6 address");
     if (!rest.empty() && rest.front() != ':')
-      throw_init_error(url, "port", "':' and the port after ']'", quoted(rest),
+      throw_init_error(url, "port", "':' and the port after ']'", in_quotes(rest),
                        "write tcp://[" + std::string(host) + "]:PORT");
   } else {
     const std::size_t colon = authority.find(':');
     host = authority.substr(0, colon);
     rest = colon == std::string_view::npos ? std::string_view{} : authority.substr(colon);
     if (rest.find(':', 1) != std::string_view::npos)
-      throw_init_error(url, "host", "tcp://[IPv6]:port, e.g. tcp://[::1]:29500", quoted(authority),
-                       "an IPv6 address must be written in brackets");
-    if (host.empty()) throw_init_error(url, "host", example, quoted(url), "the host is empty");
+      throw_init_error(url, "host", "tcp://[IPv6]:port, e.g. tcp://[::1]:29500",
+                       in_quotes(authority), "an IPv6 address must be written in brackets");
+    if (host.empty()) throw_init_error(url, "host", example, in_quotes(url), "the host is empty");
     if (!is_host_name(host))
-      throw_init_error(url, "host", example, quoted(host),
+      throw_init_error(url, "host", example, in_quotes(host),
                        "a host name may only hold letters, digits, '-', '.' and '_'");
   }
   if (rest.empty())
-    throw_init_error(url, "port", example, quoted(url),
+    throw_init_error(url, "port", example, in_quotes(url),
                      "the port is missing; every rank must know where rank 0 listens");
   spec.host = std::string(host);
   spec.port = checked_port({value_origin::url, "port", std::string(rest.substr(1))}, url);
@@ -591,41 +592,41 @@ inline init_spec parse_init_method(std::string_view url, std::optional<int> rank
     if (!parts.has_authority || !parts.authority.empty() || !parts.path.empty())
       detail::throw_init_error(
           url, "init_method", "env:// with nothing after it but an optional ?query",
-          detail::quoted(url),
+          detail::in_quotes(url),
           "env:// reads the address from MASTER_ADDR and MASTER_PORT; to put it in the URL, "
           "use tcp://host:port");
   } else if (parts.scheme == "tcp") {
     spec.kind = init_kind::tcp;
     if (!parts.has_authority)
-      detail::throw_init_error(url, "init_method", "tcp://host:port", detail::quoted(url),
+      detail::throw_init_error(url, "init_method", "tcp://host:port", detail::in_quotes(url),
                                "write two slashes after tcp:");
     if (!parts.path.empty() && parts.path != "/")
       detail::throw_init_error(url, "init_method", "tcp://host:port with no path",
-                               detail::quoted(parts.path), "remove the path after the port");
+                               detail::in_quotes(parts.path), "remove the path after the port");
     detail::parse_tcp_authority(spec, parts.authority, url);
   } else if (parts.scheme == "file") {
     spec.kind = init_kind::file;
     constexpr std::string_view example = "file:///absolute/path, e.g. file:///tmp/dcomm_init";
     if (parts.has_authority && !parts.authority.empty() && parts.authority != "localhost")
       detail::throw_init_error(
-          url, "path", std::string(example), detail::quoted(url),
+          url, "path", std::string(example), detail::in_quotes(url),
           "file:// is followed by an absolute path, so it takes three slashes; '" +
               std::string(parts.authority) + "' was read as a host name");
     if (parts.path.empty())
-      detail::throw_init_error(url, "path", std::string(example), detail::quoted(url),
+      detail::throw_init_error(url, "path", std::string(example), detail::in_quotes(url),
                                "the path is missing");
     if (parts.path.front() != '/')
-      detail::throw_init_error(url, "path", std::string(example), detail::quoted(parts.path),
+      detail::throw_init_error(url, "path", std::string(example), detail::in_quotes(parts.path),
                                "the path must be absolute: every rank resolves it from its "
                                "own working directory");
     if (parts.path.back() == '/')
-      detail::throw_init_error(url, "path", std::string(example), detail::quoted(parts.path),
+      detail::throw_init_error(url, "path", std::string(example), detail::in_quotes(parts.path),
                                "the path names a directory; name a file inside it");
     spec.path = std::string(parts.path);
   } else {
     detail::throw_init_error(url, "init_method", std::string(detail::supported_init_methods),
-                             detail::quoted(url),
-                             "unknown scheme " + detail::quoted(parts.scheme + "://"));
+                             detail::in_quotes(url),
+                             "unknown scheme " + detail::in_quotes(parts.scheme + "://"));
   }
 
   const detail::query_values query = detail::parse_query(parts.query, url);
