@@ -84,8 +84,8 @@ run_tests() {
 
 run_demo() {
   configure build/demo g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false
-  ninja -C build/demo examples/train_fashion_mnist >/dev/null
-  build/demo/examples/train_fashion_mnist --world 4
+  ninja -C build/demo tools/dcomm-run examples/train_fashion_mnist >/dev/null
+  build/demo/tools/dcomm-run -n 4 build/demo/examples/train_fashion_mnist
 }
 
 case "${1:-}" in
