@@ -19,12 +19,9 @@
 using namespace std::chrono_literals;
 using dcomm::test::check_failed;
 using dcomm::test::comm;
+using dcomm::test::require;
 
 namespace {
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw check_failed(what);
-}
 
 // A model's gradients: one buffer per dtype family, odd sizes, and an
 // empty one. Values are small integers (exact in every dtype), different

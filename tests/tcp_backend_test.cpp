@@ -20,6 +20,7 @@
 using namespace std::chrono_literals;
 using dcomm::test::check_failed;
 using dcomm::test::comm;
+using dcomm::test::require;
 
 namespace {
 
@@ -28,10 +29,6 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
   for (std::size_t i = 0; i < n; ++i)
     v[i] = static_cast<std::uint8_t>((i * 131 + static_cast<std::size_t>(seed) * 7) >> 3);
   return v;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw check_failed(what);
 }
 
 // The error code and message a coroutine failed with (none: "").

@@ -17,18 +17,15 @@
 using namespace std::chrono_literals;
 using dcomm::test::check_failed;
 using dcomm::test::comm;
+using dcomm::test::require;
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw check_failed(what);
-}
-
 const std::vector<std::pair<torch::Dtype, dcomm::dtype>> dtypes = {
-    {torch::kInt8, dcomm::dtype::int8},         {torch::kUInt8, dcomm::dtype::uint8},
-    {torch::kInt32, dcomm::dtype::int32},       {torch::kInt64, dcomm::dtype::int64},
-    {torch::kFloat16, dcomm::dtype::float16},   {torch::kBFloat16, dcomm::dtype::bfloat16},
-    {torch::kFloat32, dcomm::dtype::float32},   {torch::kFloat64, dcomm::dtype::float64},
+    {torch::kInt8, dcomm::dtype::int8},       {torch::kUInt8, dcomm::dtype::uint8},
+    {torch::kInt32, dcomm::dtype::int32},     {torch::kInt64, dcomm::dtype::int64},
+    {torch::kFloat16, dcomm::dtype::float16}, {torch::kBFloat16, dcomm::dtype::bfloat16},
+    {torch::kFloat32, dcomm::dtype::float32}, {torch::kFloat64, dcomm::dtype::float64},
 };
 
 template <class F>
@@ -36,7 +33,8 @@ std::string error_of(F f) {
   try {
     f();
   } catch (const dcomm::error& e) {
-    return e.code() == dcomm::errc::invalid_argument ? e.what() : "wrong code: " + std::string(e.what());
+    return e.code() == dcomm::errc::invalid_argument ? e.what()
+                                                     : "wrong code: " + std::string(e.what());
   }
   return "";
 }

@@ -83,4 +83,9 @@ struct check_failed : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Inside a rank's coroutine: fails that rank with `what`.
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw check_failed(what);
+}
+
 }  // namespace dcomm::test
