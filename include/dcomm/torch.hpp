@@ -29,15 +29,24 @@ namespace detail {
 
 inline dtype dtype_of_torch(at::ScalarType t) {
   switch (t) {
-    case at::ScalarType::Char: return dtype::int8;
-    case at::ScalarType::Byte: return dtype::uint8;
-    case at::ScalarType::Int: return dtype::int32;
-    case at::ScalarType::Long: return dtype::int64;
-    case at::ScalarType::Half: return dtype::float16;
-    case at::ScalarType::BFloat16: return dtype::bfloat16;
-    case at::ScalarType::Float: return dtype::float32;
-    case at::ScalarType::Double: return dtype::float64;
-    default: break;
+    case at::ScalarType::Char:
+      return dtype::int8;
+    case at::ScalarType::Byte:
+      return dtype::uint8;
+    case at::ScalarType::Int:
+      return dtype::int32;
+    case at::ScalarType::Long:
+      return dtype::int64;
+    case at::ScalarType::Half:
+      return dtype::float16;
+    case at::ScalarType::BFloat16:
+      return dtype::bfloat16;
+    case at::ScalarType::Float:
+      return dtype::float32;
+    case at::ScalarType::Double:
+      return dtype::float64;
+    default:
+      break;
   }
   throw_error(errc::invalid_argument,
               {.operation = "torch tensor",
