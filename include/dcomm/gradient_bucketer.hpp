@@ -182,8 +182,7 @@ class gradient_bucketer {
     std::size_t count = 0;
     std::vector<std::byte> flat;
     std::size_t ready = 0;
-    bool launched = false;
-    request pending;
+    request pending;  // valid while the bucket's all_reduce is in flight this step
   };
 
   static bool is_floating(dtype t) {
@@ -248,7 +247,6 @@ class gradient_bucketer {
         const auto& v = grads_[b.members[k]].view;
         if (v.count) std::memcpy(b.flat.data() + b.offsets[k] * es, v.data, v.count * es);
       }
-      b.launched = true;
       b.pending =
           comm_.all_reduce(tensor_view{b.flat.data(), b.count, b.type, {}}, avg, as_request);
       ++next_launch_;
@@ -260,7 +258,7 @@ class gradient_bucketer {
   asio::awaitable<void> finish_step() {
     std::exception_ptr failure;
     for (auto& b : buckets_) {
-      if (!b.launched) continue;
+      if (!b.pending.valid()) continue;
       try {
         co_await b.pending.async_wait();
         const std::size_t es = size_of(b.type);
@@ -272,7 +270,6 @@ class gradient_bucketer {
         if (!failure) failure = std::current_exception();
       }
       b.pending = request();
-      b.launched = false;
     }
     for (auto& b : buckets_) b.ready = 0;
     next_launch_ = 0;

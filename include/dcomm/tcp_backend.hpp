@@ -165,7 +165,6 @@ class tcp_backend {
   // --- point to point ---
   asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
-    c.needs(peer);
     co_await c.run([&]() -> asio::awaitable<void> {
       c.send(peer, 0, in.data, in.bytes());
       co_return;
@@ -173,7 +172,6 @@ class tcp_backend {
   }
   asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
-    c.needs(peer);
     co_await c.run([&]() -> asio::awaitable<void> {
       c.recv(peer, 0, out.data, out.bytes());
       co_return;

@@ -69,9 +69,6 @@ class call {
   const call_signature& signature() const { return op_.sig; }
   transport& net() { return t_; }
 
-  // A p2p call needs only its peer.
-  void needs(int group_peer) { op_.members.push_back(global(group_peer)); }
-
   io_item& recv(int group_peer, std::uint32_t step, void* dst, std::size_t bytes) {
     io_item& it = make(group_peer, step, bytes);
     it.recv_buffer = dst;

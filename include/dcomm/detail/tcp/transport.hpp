@@ -25,6 +25,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -176,15 +177,17 @@ struct op_state {
   clock::time_point deadline;
   std::exception_ptr failure;
   std::deque<io_item> items;  // a deque: addresses stay valid as it grows
-  // For messages and for deciding which peers it needs.
+  // For messages, and for the fail frames a failed collective sends.
   const char* operation = "";
   bool collective = false;
   std::uint64_t group = 0;
   std::string group_name;
   std::uint64_t seq = 0;
   call_signature sig{};
-  std::vector<int> members;  // global ranks: whose loss fails it at start, whom to tell of failure
-  int lost_rank = -1;        // failed because this rank's link closed
+  // A collective's group, in global ranks: whom to tell of its failure.
+  // Borrowed from the group_state, which outlives the call.
+  std::span<const int> members;
+  int lost_rank = -1;           // failed because this rank's link closed
   bool failed_by_peer = false;  // a peer's fail frame failed it: no need to tell the others
   bool notified = false;
 
