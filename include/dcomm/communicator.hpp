@@ -1137,7 +1137,7 @@ asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s,
 template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
 auto init_process_group(asio::any_io_executor executor, init_options<Backend> o,
                         Token&& token = {}) {
-  asio::any_io_executor strand = asio::make_strand(executor);
+  asio::any_io_executor strand = detail::serial_executor(executor);
   auto limit = o.timeout * 2 + detail::blocking_grace;
   return detail::initiate(strand, detail::init_from_method<Backend>(std::move(o), nullptr),
                           std::forward<Token>(token), "init_process_group", limit);
@@ -1163,7 +1163,7 @@ auto init_process_group(asio::any_io_executor executor, std::shared_ptr<store> s
                                          .expected = "0 <= rank < world_size",
                                          .seen = "rank " + std::to_string(rank) + ", world size " +
                                                  std::to_string(world_size)});
-  asio::any_io_executor strand = asio::make_strand(executor);
+  asio::any_io_executor strand = detail::serial_executor(executor);
   auto limit = o.timeout * 2 + detail::blocking_grace;
   return detail::initiate(
       strand,

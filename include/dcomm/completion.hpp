@@ -55,6 +55,16 @@ inline bool running_in_this_thread(const asio::any_io_executor& ex) {
   return false;
 }
 
+// A strand of `ex` for an object whose state is not locked. On an
+// io_context the strand wraps the concrete executor type: a strand of the
+// type-erased any_io_executor is too large for any_io_executor's small-object
+// buffer, so every copy Asio makes per completed handler would allocate, and
+// every property query on its inner executor too.
+inline asio::any_io_executor serial_executor(const asio::any_io_executor& ex) {
+  if (auto* io = ex.target<asio::io_context::executor_type>()) return asio::make_strand(*io);
+  return asio::make_strand(ex);
+}
+
 // Completes a std::promise from co_spawn's handler. Not asio::use_future:
 // its handler runs through Asio's global system_context thread pool, whose
 // threads do not survive fork(), so a forked child that had inherited a
