@@ -22,7 +22,7 @@ inline asio::awaitable<void> recursive_doubling_all_reduce(call& c, void* buf, s
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int extra = n - p;
-  scratch tmp;
+  scratch tmp(c);
   void* other = tmp.get(bytes);
   int v;  // rank among the p that take part in the doubling, or -1
   if (r < 2 * extra) {
@@ -58,7 +58,7 @@ inline asio::awaitable<void> ring_all_reduce(call& c, const void* in, void* out,
                                              std::size_t chunk_bytes) {
   const int n = c.size();
   ring_shape shape({.count = count, .blocks = n}, es, chunk_bytes);
-  scratch tmp;
+  scratch tmp(c);
   co_await ring_reduce_scatter_phase(c, shape, in, out, op, tmp);
   co_await c.wait_all();  // the all-gather overwrites blocks the sends read
   extent mine = shape.layout.block(c.rank());

@@ -28,14 +28,15 @@ inline asio::awaitable<void> chain_broadcast(call& c, void* buf, std::size_t byt
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   const int prev = mod(v - 1 + root, n), next = mod(v + 1 + root, n);
-  std::vector<io_item*> recvs(chunks);
+  item_slots slots(c);
+  io_item** recvs = slots.get(chunks);
   if (v > 0)
     for (std::size_t j = 0; j < chunks; ++j) {
       extent e = split(bytes, chunks, j);
       recvs[j] = &c.recv(prev, static_cast<std::uint32_t>(j), bytes_at(buf, e.offset), e.count);
     }
   for (std::size_t j = 0; j < chunks; ++j) {
-    if (v > 0) co_await c.wait(*recvs[j]);
+    if (v > 0 && !c.done(*recvs[j])) co_await c.wait(*recvs[j]);
     if (v + 1 < n) {
       extent e = split(bytes, chunks, j);
       c.send(next, static_cast<std::uint32_t>(j), bytes_at(buf, e.offset), e.count);

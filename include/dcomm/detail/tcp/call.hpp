@@ -62,7 +62,10 @@ class call {
   }
   call(const call&) = delete;
   call& operator=(const call&) = delete;
-  ~call() { t_.remove_op(op_); }
+  ~call() {
+    t_.remove_op(op_);
+    t_.release_items(op_);
+  }
 
   int rank() const { return group_.rank; }
   int size() const { return group_.size(); }
@@ -83,11 +86,16 @@ class call {
     return it;
   }
 
+  // A message already done needs no wait, and saves the wait's coroutine
+  // frames (pipelines test this per chunk).
+  static bool done(const io_item& it) { return it.state == item_state::done; }
+
+  // Not coroutines themselves: one coroutine frame less per wait.
   asio::awaitable<void> wait(io_item& it) {
-    co_await t_.wait(op_, [&it] { return it.state == item_state::done; });
+    return t_.wait(op_, [&it] { return it.state == item_state::done; });
   }
   asio::awaitable<void> wait_all() {
-    co_await t_.wait(op_, [this] {
+    return t_.wait(op_, [this] {
       return std::all_of(op_.items.begin(), op_.items.end(),
                          [](const io_item& i) { return i.state == item_state::done; });
     });
@@ -117,8 +125,7 @@ class call {
   int global(int group_peer) const { return group_.ranks[static_cast<std::size_t>(group_peer)]; }
 
   io_item& make(int group_peer, std::uint32_t step, std::size_t bytes) {
-    io_item& it = op_.items.emplace_back();
-    it.op = &op_;
+    io_item& it = t_.new_item(op_);
     it.peer = global(group_peer);
     it.key = key_;
     it.key.step = step;
@@ -140,15 +147,27 @@ inline const char* bytes_at(const void* p, std::size_t offset) {
   return static_cast<const char*>(p) + offset;
 }
 
-// Scratch memory for an algorithm. One per backend would race between
-// concurrent calls, so each call has its own. An algorithm that sends from
-// or receives into its scratch must wait_all() before returning.
-struct scratch {
-  std::vector<std::byte> bytes;
-  void* get(std::size_t n) {
-    if (bytes.size() < n) bytes.resize(n);
-    return bytes.data();
-  }
+// Scratch memory for an algorithm, borrowed from the transport's pool for
+// the call (one buffer per backend would race between concurrent calls).
+// An algorithm that sends from or receives into its scratch must
+// wait_all() before it goes out of scope.
+class scratch {
+ public:
+  explicit scratch(call& c) : memory_(c.net().scratch_memory()) {}
+  void* get(std::size_t n) { return memory_.get(n); }
+
+ private:
+  pooled_vector<std::byte> memory_;
+};
+
+// Room for n item pointers (the receives of one ring step), borrowed the same way.
+class item_slots {
+ public:
+  explicit item_slots(call& c) : slots_(c.net().item_slots()) {}
+  io_item** get(std::size_t n) { return slots_.get(n); }
+
+ private:
+  pooled_vector<io_item*> slots_;
 };
 
 }  // namespace dcomm::detail::tcp_net

@@ -16,7 +16,7 @@ inline asio::awaitable<void> binomial_reduce(call& c, const void* in, void* out,
                                              std::size_t es, const reducer& op, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
-  scratch acc_memory, other_memory;
+  scratch acc_memory(c), other_memory(c);
   void* acc = v == 0 ? out : acc_memory.get(bytes);
   if (acc != in && bytes) std::memcpy(acc, in, bytes);
   void* other = other_memory.get(bytes);
@@ -41,7 +41,7 @@ inline asio::awaitable<void> chain_reduce(call& c, const void* in, void* out, st
   const std::size_t bytes = count * es;
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   const int prev = mod(v - 1 + root, n), next = mod(v + 1 + root, n);
-  scratch acc_memory, landing_memory;
+  scratch acc_memory(c), landing_memory(c);
   const bool last = v + 1 == n;
   // The last rank sends its input as it is; the others accumulate.
   const void* acc_in = in;
@@ -52,7 +52,8 @@ inline asio::awaitable<void> chain_reduce(call& c, const void* in, void* out, st
     acc_in = acc;
   }
   char* landing = last ? nullptr : static_cast<char*>(landing_memory.get(bytes));
-  std::vector<io_item*> recvs(chunks);
+  item_slots slots(c);
+  io_item** recvs = slots.get(chunks);
   if (!last)
     for (std::size_t j = 0; j < chunks; ++j) {
       extent e = split(count, chunks, j);
@@ -62,7 +63,7 @@ inline asio::awaitable<void> chain_reduce(call& c, const void* in, void* out, st
   for (std::size_t j = 0; j < chunks; ++j) {
     extent e = split(count, chunks, j);
     if (!last) {
-      co_await c.wait(*recvs[j]);
+      if (!c.done(*recvs[j])) co_await c.wait(*recvs[j]);
       op.combine(bytes_at(acc, e.offset * es), landing + e.offset * es, e.count);
     }
     if (v > 0)

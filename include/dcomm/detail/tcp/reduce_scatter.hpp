@@ -18,7 +18,7 @@ inline asio::awaitable<void> direct_reduce_scatter(call& c, const void* in, void
                                                    const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
-  scratch tmp;
+  scratch tmp(c);
   char* landing = static_cast<char*>(tmp.get(bytes * static_cast<std::size_t>(n)));
   for (int i = 1; i < n; ++i) {
     const int p = mod(r - i, n);
@@ -46,7 +46,7 @@ inline asio::awaitable<void> ring_reduce_scatter(call& c, const void* in, void* 
       chunk_bytes);
   // Received blocks land in a full-size work buffer (only the blocks this
   // rank reduces are touched), so the input is never copied or modified.
-  scratch work, unused;
+  scratch work(c), unused(c);
   char* acc = static_cast<char*>(work.get(bytes * static_cast<std::size_t>(n)));
   co_await ring_reduce_scatter_phase(c, shape, in, acc, op, unused);
   co_await c.wait_all();  // the sends read this frame's scratch

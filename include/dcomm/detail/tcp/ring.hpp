@@ -60,7 +60,8 @@ inline asio::awaitable<void> ring_reduce_scatter_phase(call& c, const ring_shape
   const std::size_t es = shape.element_size;
   const bool in_place = in == nullptr;
   char* landing = in_place ? static_cast<char*>(tmp.get(shape.layout.largest() * es)) : nullptr;
-  std::vector<io_item*> recvs(shape.chunks);
+  item_slots slots(c);
+  io_item** recvs = slots.get(shape.chunks);
   for (int s = 0; s + 1 < n; ++s) {
     const int rb = mod(r - s - 2, n), sb = mod(r - s - 1, n);
     const std::size_t rb_offset = shape.layout.block(rb).offset;
@@ -75,7 +76,7 @@ inline asio::awaitable<void> ring_reduce_scatter_phase(call& c, const ring_shape
         c.send(right, shape.step(0, j), bytes_at(in_place ? out : in, e.offset * es), e.count * es);
       }
     for (std::size_t j = 0; j < shape.chunks; ++j) {
-      co_await c.wait(*recvs[j]);
+      if (!c.done(*recvs[j])) co_await c.wait(*recvs[j]);
       extent e = shape.chunk(rb, j);
       char* acc = bytes_at(out, e.offset * es);
       if (in_place)
@@ -95,7 +96,8 @@ inline asio::awaitable<void> ring_all_gather_phase(call& c, const ring_shape& sh
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
   const std::size_t es = shape.element_size;
-  std::vector<io_item*> recvs(shape.chunks);
+  item_slots slots(c);
+  io_item** recvs = slots.get(shape.chunks);
   for (int s = 0; s + 1 < n; ++s) {
     const int rb = mod(r - s - 1, n), sb = mod(r - s, n);
     const std::size_t round = first_round + static_cast<std::size_t>(s);
@@ -109,7 +111,7 @@ inline asio::awaitable<void> ring_all_gather_phase(call& c, const ring_shape& sh
         c.send(right, shape.step(round, j), bytes_at(out, e.offset * es), e.count * es);
       }
     for (std::size_t j = 0; j < shape.chunks; ++j) {
-      co_await c.wait(*recvs[j]);
+      if (!c.done(*recvs[j])) co_await c.wait(*recvs[j]);
       if (s + 2 < n) {
         extent e = shape.chunk(rb, j);
         c.send(right, shape.step(round + 1, j), bytes_at(out, e.offset * es), e.count * es);

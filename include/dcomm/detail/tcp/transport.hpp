@@ -19,23 +19,25 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "dcomm/completion.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/tcp/pool.hpp"
 #include "dcomm/detail/tcp_mesh.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
@@ -162,8 +164,58 @@ struct io_item {
   item_state state = item_state::created;
   bool in_flight = false;  // a socket operation is reading into / writing from the buffer
   std::uint64_t id = 0;
+  io_item* next_in_op = nullptr;
 
   bool finished() const { return state == item_state::done || state == item_state::failed; }
+};
+
+// The items of one call, in the order it made them: a list threaded through
+// the items, which the transport recycles.
+class item_list {
+ public:
+  class iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = io_item;
+    using difference_type = std::ptrdiff_t;
+    using pointer = io_item*;
+    using reference = io_item&;
+    iterator() = default;
+    explicit iterator(io_item* p) : p_(p) {}
+    io_item& operator*() const { return *p_; }
+    io_item* operator->() const { return p_; }
+    iterator& operator++() {
+      p_ = p_->next_in_op;
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator&, const iterator&) = default;
+
+   private:
+    io_item* p_ = nullptr;
+  };
+
+  iterator begin() const { return iterator(head_); }
+  iterator end() const { return iterator(); }
+  bool empty() const { return head_ == nullptr; }
+  void push_back(io_item* it) {
+    (tail_ ? tail_->next_in_op : head_) = it;
+    tail_ = it;
+  }
+  // Unlinks every item; the caller gives them back.
+  io_item* release() {
+    io_item* h = head_;
+    head_ = tail_ = nullptr;
+    return h;
+  }
+
+ private:
+  io_item* head_ = nullptr;
+  io_item* tail_ = nullptr;
 };
 
 // One operation in progress: its items, its deadline, how it failed.
@@ -176,12 +228,12 @@ struct op_state {
   asio::steady_timer timer;  // expires at the deadline; cancelled to wake the op
   clock::time_point deadline;
   std::exception_ptr failure;
-  std::deque<io_item> items;  // a deque: addresses stay valid as it grows
+  item_list items;
   // For messages, and for the fail frames a failed collective sends.
   const char* operation = "";
   bool collective = false;
   std::uint64_t group = 0;
-  std::string group_name;
+  std::string_view group_name;  // the group_state's, which outlives the call
   std::uint64_t seq = 0;
   call_signature sig{};
   // A collective's group, in global ranks: whom to tell of its failure.
@@ -190,6 +242,9 @@ struct op_state {
   int lost_rank = -1;           // failed because this rank's link closed
   bool failed_by_peer = false;  // a peer's fail frame failed it: no need to tell the others
   bool notified = false;
+  // The transport's list of operations in progress.
+  op_state* prev_op = nullptr;
+  op_state* next_op = nullptr;
 
   void wake() { timer.cancel(); }
 };
@@ -209,6 +264,14 @@ class transport : public std::enable_shared_from_this<transport> {
     for (auto& s : sockets) {
       auto l = std::make_unique<link>(std::move(s));
       l->stage.resize(options_.stage_bytes);
+      l->batch_headers.resize(options_.max_batch);
+      l->gather.reserve(2 * options_.max_batch);
+      // Room for what a call commonly has in flight per peer, so that the
+      // lists rarely grow once a job runs (growth is kept, not repeated).
+      l->posted.reserve(64);
+      l->unexpected.reserve(64);
+      l->awaiting_data.reserve(64);
+      l->awaiting_cts.reserve(64);
       asio::error_code ec;
       if (l->socket.is_open()) {
         auto ep = l->socket.remote_endpoint(ec);
@@ -234,7 +297,9 @@ class transport : public std::enable_shared_from_this<transport> {
   bool stopped() const { return aborted_ || closed_; }
 
   void add_op(op_state& op) {
-    ops_.insert(&op);
+    op.next_op = ops_;
+    if (ops_) ops_->prev_op = &op;
+    ops_ = &op;
     if (aborted_ || closed_) {
       fail_op(op, make_error(aborted_ ? errc::aborted : errc::closed, op, {},
                              aborted_ ? "the communicator was aborted"
@@ -250,7 +315,36 @@ class transport : public std::enable_shared_from_this<transport> {
       if (it != failed_calls_.end()) fail_op(op, it->second);
     }
   }
-  void remove_op(op_state& op) { ops_.erase(&op); }
+  void remove_op(op_state& op) {
+    (op.prev_op ? op.prev_op->next_op : ops_) = op.next_op;
+    if (op.next_op) op.next_op->prev_op = op.prev_op;
+    op.prev_op = op.next_op = nullptr;
+  }
+
+  // Items come from a free list; an op gives its items back when it ends,
+  // by which time none of them is posted, queued or in flight (wait and
+  // abandon see to that).
+  io_item& new_item(op_state& op) {
+    io_item* it = items_.take();
+    it->op = &op;
+    op.items.push_back(it);
+    return *it;
+  }
+  void release_items(op_state& op) {
+    for (io_item* it = op.items.release(); it;) {
+      io_item* next = it->next_in_op;
+      // Only if the op's coroutine was destroyed mid-flight (its executor
+      // went away): take the item back from the link before reusing it.
+      if (!it->finished() || it->in_flight) cancel_item(*it);
+      *it = io_item{};
+      items_.give_back(it);
+      it = next;
+    }
+  }
+
+  // Scratch memory and item lists for the algorithms, reused across calls.
+  vector_pool<std::byte>& scratch_memory() { return scratch_memory_; }
+  vector_pool<io_item*>& item_slots() { return item_slots_; }
 
   void fail_op(op_state& op, std::exception_ptr e) {
     if (op.failure) return;
@@ -264,22 +358,26 @@ class transport : public std::enable_shared_from_this<transport> {
     link& l = *links_[static_cast<std::size_t>(it.peer)];
     // Before the lost check: a peer that sent its last message and left
     // is no error for the receive that message was for.
-    auto u = l.unexpected.find(it.key);
-    if (u != l.unexpected.end() && !u->second.empty()) {
-      unexpected_msg msg = std::move(u->second.front());
-      u->second.pop_front();
-      if (u->second.empty()) l.unexpected.erase(u);
-      if (!check_match(it, msg.header)) return;
-      if (msg.header.kind == msg_kind::rts) {
+    auto u = std::find_if(l.unexpected.begin(), l.unexpected.end(),
+                          [&](auto& m) { return key_of(m->header) == it.key; });
+    if (u != l.unexpected.end()) {
+      unexpected_msg* msg = *u;
+      l.unexpected.erase(u);
+      const wire_header h = msg->header;
+      const bool fits = check_match(it, h);
+      if (fits && h.kind == msg_kind::eager && it.bytes)
+        std::memcpy(it.recv_buffer, msg->payload.get(), it.bytes);
+      unexpected_.give_back(msg);
+      if (!fits) return;
+      if (h.kind == msg_kind::rts) {
         if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
-        return start_data(l, it, msg.header);
+        return start_data(l, it, h);
       }
-      if (it.bytes) std::memcpy(it.recv_buffer, msg.payload.data(), it.bytes);
       return complete(it);
     }
     if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
     it.state = item_state::posted;
-    l.posted[it.key].push_back(&it);
+    l.posted.push_back(&it);
   }
 
   void post_send(io_item& it) {
@@ -295,7 +393,7 @@ class transport : public std::enable_shared_from_this<transport> {
       h.kind = msg_kind::rts;
       h.cookie = it.id;
       it.state = item_state::awaiting_cts;
-      l.awaiting_cts[it.id] = &it;
+      l.awaiting_cts.push_back(&it);
       l.frames.push_back({h, nullptr, 0, nullptr});
     }
     start_write(it.peer);
@@ -341,8 +439,8 @@ class transport : public std::enable_shared_from_this<transport> {
     if (aborted_) return;
     aborted_ = true;
     for (auto& l : links_) close_link(*l);
-    std::vector<op_state*> ops(ops_.begin(), ops_.end());
-    for (auto* op : ops)
+    // fail_op only marks and wakes: the list does not change under us.
+    for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::aborted, *op, {}, "the communicator was aborted"));
   }
 
@@ -352,8 +450,7 @@ class transport : public std::enable_shared_from_this<transport> {
     if (closed_ || aborted_) return;
     closed_ = true;
     for (auto& l : links_) close_link(*l);
-    std::vector<op_state*> ops(ops_.begin(), ops_.end());
-    for (auto* op : ops)
+    for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::closed, *op, {}, "the communicator was destroyed"));
   }
 
@@ -362,10 +459,10 @@ class transport : public std::enable_shared_from_this<transport> {
                                 std::string detail, std::string address = {}) const {
     std::string where;
     if (op.collective)
-      where = "call #" + std::to_string(op.seq) + " on " + op.group_name + ": ";
+      where = "call #" + std::to_string(op.seq) + " on " + std::string(op.group_name) + ": ";
     else if (!op.group_name.empty())
-      where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " + op.group_name +
-              ": ";
+      where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " +
+              std::string(op.group_name) + ": ";
     return std::make_exception_ptr(error(code, {.operation = op.operation,
                                                 .rank = rank_,
                                                 .peers = std::move(peers),
@@ -381,9 +478,21 @@ class transport : public std::enable_shared_from_this<transport> {
     io_item* item = nullptr;  // the send whose payload this is (eager, data)
     bool cancelled = false;   // taken back before it was written: skipped
   };
+  // An eager message or rts that arrived before its receive was posted.
+  // Recycled with its payload buffer (at most eager_limit bytes).
   struct unexpected_msg {
     wire_header header{};
-    std::vector<std::byte> payload{};
+    std::unique_ptr<std::byte[]> payload;
+    std::size_t capacity = 0;
+
+    std::byte* reserve(std::size_t n) {
+      if (capacity < n) {
+        // Powers of two from 1 KiB: few regrowths as sizes vary.
+        capacity = std::max<std::size_t>(std::bit_ceil(n), 1024);
+        payload = std::make_unique_for_overwrite<std::byte[]>(capacity);
+      }
+      return payload.get();
+    }
   };
   struct link {
     explicit link(tcp::socket s) : socket(std::move(s)) {}
@@ -391,17 +500,21 @@ class transport : public std::enable_shared_from_this<transport> {
     std::string address;
     bool lost = false;
     std::string why;
-    // Receiving.
-    std::unordered_map<match_key, std::deque<io_item*>, match_key_hash> posted;
-    std::unordered_map<match_key, std::deque<unexpected_msg>, match_key_hash> unexpected;
-    std::unordered_map<std::uint64_t, io_item*> awaiting_data;  // by our id
+    // Receiving. Lists in arrival or posting order, searched from the
+    // front: a message matches the oldest receive with its key, and the
+    // match is nearly always at the front (MPI's queues work the same way).
+    std::vector<io_item*> posted;
+    std::vector<unexpected_msg*> unexpected;  // from the transport's pool
+    std::vector<io_item*> awaiting_data;      // receives that sent cts
     std::vector<char> stage;
     std::size_t begin = 0, end = 0;
     io_item* reading = nullptr;  // the receive whose buffer a read targets
     // Sending.
-    std::deque<frame> frames;
-    std::size_t batch = 0;                                     // frames at the front being written
-    std::unordered_map<std::uint64_t, io_item*> awaiting_cts;  // by our id
+    fifo<frame> frames;
+    std::size_t batch = 0;               // frames at the front being written
+    std::vector<io_item*> awaiting_cts;  // sends that sent rts
+    // The batch's headers, copied: frames may move while it is written.
+    std::vector<wire_header> batch_headers;
     std::vector<asio::const_buffer> gather;
   };
   struct call_id {
@@ -541,7 +654,7 @@ class transport : public std::enable_shared_from_this<transport> {
         detail = "rank " + std::to_string(peer) + " gave up on this call";
         break;
     }
-    for (auto* op : std::vector<op_state*>(ops_.begin(), ops_.end())) {
+    for (op_state* op = ops_; op; op = op->next_op) {
       bool hit = h.collective ? op->collective && op->group == h.group && op->seq == h.seq
                               : !op->collective && op->group == h.group && op->seq == h.seq &&
                                     std::any_of(op->items.begin(), op->items.end(),
@@ -561,7 +674,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // A large receive found its rts: ask for the data.
   void start_data(link& l, io_item& it, const wire_header& rts) {
     it.state = item_state::awaiting_data;
-    l.awaiting_data[it.id] = &it;
+    l.awaiting_data.push_back(&it);
     wire_header c = rts;
     c.kind = msg_kind::cts;
     c.cookie = rts.cookie;
@@ -576,23 +689,18 @@ class transport : public std::enable_shared_from_this<transport> {
     if (it.finished() && !it.in_flight) return;
     link& l = *links_[static_cast<std::size_t>(it.peer)];
     switch (it.state) {
-      case item_state::posted: {
-        auto p = l.posted.find(it.key);
-        if (p != l.posted.end()) {
-          std::erase(p->second, &it);
-          if (p->second.empty()) l.posted.erase(p);
-        }
+      case item_state::posted:
+        std::erase(l.posted, &it);
         break;
-      }
       case item_state::awaiting_data:
-        l.awaiting_data.erase(it.id);
+        std::erase(l.awaiting_data, &it);
         break;
       case item_state::awaiting_cts:
-        l.awaiting_cts.erase(it.id);
+        std::erase(l.awaiting_cts, &it);
         break;
       case item_state::queued:
-        // Marked, not erased: erasing inside a deque would move the frames
-        // a gathered write in progress points into.
+        // Marked, not erased: cheaper, and the frames of the write in
+        // progress are counted by position.
         if (!it.in_flight)
           for (std::size_t i = l.batch; i < l.frames.size(); ++i)
             if (l.frames[i].item == &it) {
@@ -633,16 +741,15 @@ class transport : public std::enable_shared_from_this<transport> {
       failed_any = true;
       fail_item(*it, lost_error(*it->op, peer));
     };
-    for (auto& [key, q] : l.posted)
-      for (auto* it : q) fail_pending(it);
+    for (auto* it : l.posted) fail_pending(it);
     l.posted.clear();
-    for (auto& [id, it] : l.awaiting_data) fail_pending(it);
+    for (auto* it : l.awaiting_data) fail_pending(it);
     l.awaiting_data.clear();
-    for (auto& [id, it] : l.awaiting_cts) fail_pending(it);
+    for (auto* it : l.awaiting_cts) fail_pending(it);
     l.awaiting_cts.clear();
     for (std::size_t i = 0; i < l.frames.size(); ++i)
       if (l.frames[i].item) fail_pending(l.frames[i].item);
-    l.frames.erase(l.frames.begin() + static_cast<std::ptrdiff_t>(l.batch), l.frames.end());
+    l.frames.truncate(l.batch);
     // l.unexpected stays: those messages arrived before the link closed.
     // Calls that still needed this peer have failed above; the others
     // learn it when they post to it, and calls not yet started when they
@@ -666,15 +773,18 @@ class transport : public std::enable_shared_from_this<transport> {
         ++l.batch;  // written as nothing, popped with the batch
         continue;
       }
-      l.gather.push_back(asio::buffer(&f.header, sizeof f.header));
+      wire_header& h = l.batch_headers[l.batch] = f.header;
+      l.gather.push_back(asio::buffer(&h, sizeof h));
       if (f.bytes > 0) l.gather.push_back(asio::buffer(f.payload, f.bytes));
       if (f.item) f.item->in_flight = true;
       total += sizeof f.header + f.bytes;
       ++l.batch;
       if (f.bytes > options_.eager_limit) break;  // a large payload goes on its own
     }
+    // A span, not the vector: the write operation keeps a copy of the
+    // sequence, and a copied vector would allocate on every write.
     asio::async_write(
-        l.socket, l.gather,
+        l.socket, std::span<const asio::const_buffer>(l.gather),
         [total](const asio::error_code& ec, std::size_t done) -> std::size_t {
           return ec ? 0 : total - done;
         },
@@ -695,7 +805,7 @@ class transport : public std::enable_shared_from_this<transport> {
         complete(*it);
       it->op->wake();  // also when its op is draining
     }
-    l.frames.erase(l.frames.begin(), l.frames.begin() + static_cast<std::ptrdiff_t>(l.batch));
+    l.frames.pop_front(l.batch);
     l.batch = 0;
     if (ec) {
       if (!l.lost) lose_link(peer, "writing to it failed: " + ec.message());
@@ -748,7 +858,7 @@ class transport : public std::enable_shared_from_this<transport> {
     link& l = *self->links_[static_cast<std::size_t>(peer)];
     std::string why;
     try {
-      for (;;) co_await self->read_frame(l, peer);
+      co_await self->read_frames(l, peer);
     } catch (const dcomm::error& e) {
       why = e.what();
     } catch (const std::system_error& e) {
@@ -767,83 +877,109 @@ class transport : public std::enable_shared_from_this<transport> {
     if (!l.lost) self->lose_link(peer, why);
   }
 
-  asio::awaitable<void> read_frame(link& l, int peer) {
-    // While a large payload is due (we sent cts), read headers on their own:
-    // one more small read per frame, one copy less per payload byte.
-    co_await fill(l, sizeof(wire_header), !l.awaiting_data.empty());
-    wire_header h;
-    std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
-    l.begin += sizeof h;
-    if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::fail)
-      throw_error(errc::protocol_error,
-                  {.operation = "tcp transport",
-                   .rank = rank_,
-                   .peers = "rank " + std::to_string(peer),
-                   .detail = "a frame that is not dcomm's (different dcomm versions?)"});
-    const match_key key = key_of(h);
-    switch (h.kind) {
-      case msg_kind::eager: {
-        io_item* it = take_posted(l, key);
-        if (it && !check_match(*it, h)) {
-          co_await read_payload(l, nullptr, h.bytes);  // refused
+  // One frame after another, in one coroutine frame: a nested coroutine
+  // per message would allocate (Asio recycles few frames per thread), so
+  // the helpers are awaited only when the stage cannot serve the bytes.
+  asio::awaitable<void> read_frames(link& l, int peer) {
+    for (;;) {
+      // While a large payload is due (we sent cts), read headers on their own:
+      // one more small read per frame, one copy less per payload byte.
+      if (l.end - l.begin < sizeof(wire_header))
+        co_await fill(l, sizeof(wire_header), !l.awaiting_data.empty());
+      wire_header h;
+      std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
+      l.begin += sizeof h;
+      if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::fail)
+        throw_error(errc::protocol_error,
+                    {.operation = "tcp transport",
+                     .rank = rank_,
+                     .peers = "rank " + std::to_string(peer),
+                     .detail = "a frame that is not dcomm's (different dcomm versions?)"});
+      const match_key key = key_of(h);
+      switch (h.kind) {
+        case msg_kind::eager: {
+          io_item* it = take_posted(l, key);
+          if (it && !check_match(*it, h)) {
+            if (!from_stage(l, nullptr, h.bytes))
+              co_await read_payload(l, nullptr, h.bytes);  // refused
+            break;
+          }
+          if (it) {
+            if (!from_stage(l, static_cast<char*>(it->recv_buffer), h.bytes))
+              co_await read_into(l, *it, h.bytes);
+            complete(*it);
+            break;
+          }
+          unexpected_msg* msg = unexpected_.take();
+          msg->header = h;
+          char* payload = reinterpret_cast<char*>(msg->reserve(h.bytes));
+          if (!from_stage(l, payload, h.bytes)) co_await read_payload(l, payload, h.bytes);
+          // A receive may have been posted while the payload was read.
+          if (io_item* late = take_posted(l, key)) {
+            if (check_match(*late, h)) {
+              if (late->bytes) std::memcpy(late->recv_buffer, payload, late->bytes);
+              complete(*late);
+            }
+            unexpected_.give_back(msg);
+            break;
+          }
+          l.unexpected.push_back(msg);
           break;
         }
-        if (it) {
-          co_await read_into(l, *it, h.bytes);
-          complete(*it);
-          break;
-        }
-        unexpected_msg msg{h, std::vector<std::byte>(h.bytes)};
-        co_await read_payload(l, reinterpret_cast<char*>(msg.payload.data()), h.bytes);
-        // A receive may have been posted while the payload was read.
-        if (io_item* late = take_posted(l, key)) {
-          if (check_match(*late, h)) {
-            if (late->bytes) std::memcpy(late->recv_buffer, msg.payload.data(), late->bytes);
-            complete(*late);
+        case msg_kind::rts: {
+          io_item* it = take_posted(l, key);
+          if (it) {
+            if (check_match(*it, h)) start_data(l, *it, h);
+          } else {
+            unexpected_msg* msg = unexpected_.take();
+            msg->header = h;
+            l.unexpected.push_back(msg);
           }
           break;
         }
-        l.unexpected[key].push_back(std::move(msg));
-        break;
-      }
-      case msg_kind::rts: {
-        io_item* it = take_posted(l, key);
-        if (it) {
-          if (check_match(*it, h)) start_data(l, *it, h);
-        } else {
-          l.unexpected[key].push_back({h, {}});
-        }
-        break;
-      }
-      case msg_kind::cts: {
-        auto found = l.awaiting_cts.find(h.cookie);
-        if (found == l.awaiting_cts.end()) break;  // that send was cancelled
-        io_item* it = found->second;
-        l.awaiting_cts.erase(found);
-        wire_header d = header_for(*it);
-        d.kind = msg_kind::data;
-        d.cookie = h.cookie2;
-        it->state = item_state::queued;
-        l.frames.push_back({d, it->send_buffer, it->bytes, it});
-        start_write(peer);
-        break;
-      }
-      case msg_kind::data: {
-        auto found = l.awaiting_data.find(h.cookie);
-        if (found == l.awaiting_data.end() || found->second->bytes != h.bytes) {
-          co_await read_payload(l, nullptr, h.bytes);  // its receive was cancelled
+        case msg_kind::cts: {
+          auto found = std::find_if(l.awaiting_cts.begin(), l.awaiting_cts.end(),
+                                    [&](io_item* i) { return i->id == h.cookie; });
+          if (found == l.awaiting_cts.end()) break;  // that send was cancelled
+          io_item* it = *found;
+          l.awaiting_cts.erase(found);
+          wire_header d = header_for(*it);
+          d.kind = msg_kind::data;
+          d.cookie = h.cookie2;
+          it->state = item_state::queued;
+          l.frames.push_back({d, it->send_buffer, it->bytes, it});
+          start_write(peer);
           break;
         }
-        io_item* it = found->second;
-        l.awaiting_data.erase(found);
-        co_await read_into(l, *it, h.bytes);
-        complete(*it);
-        break;
+        case msg_kind::data: {
+          auto found = std::find_if(l.awaiting_data.begin(), l.awaiting_data.end(),
+                                    [&](io_item* i) { return i->id == h.cookie; });
+          if (found == l.awaiting_data.end() || (*found)->bytes != h.bytes) {
+            if (!from_stage(l, nullptr, h.bytes))
+              co_await read_payload(l, nullptr, h.bytes);  // its receive was cancelled
+            break;
+          }
+          io_item* it = *found;
+          l.awaiting_data.erase(found);
+          if (!from_stage(l, static_cast<char*>(it->recv_buffer), h.bytes))
+            co_await read_into(l, *it, h.bytes);
+          complete(*it);
+          break;
+        }
+        case msg_kind::fail:
+          on_fail_frame(peer, h);
+          break;
       }
-      case msg_kind::fail:
-        on_fail_frame(peer, h);
-        break;
     }
+  }
+
+  // Takes n payload bytes from the stage if it holds them all (dst ==
+  // nullptr: discards them).
+  static bool from_stage(link& l, void* dst, std::size_t n) {
+    if (l.end - l.begin < n) return false;
+    if (dst && n) std::memcpy(dst, l.stage.data() + l.begin, n);
+    l.begin += n;
+    return true;
   }
 
   asio::awaitable<void> read_into(link& l, io_item& it, std::size_t bytes) {
@@ -855,11 +991,11 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   io_item* take_posted(link& l, const match_key& key) {
-    auto p = l.posted.find(key);
+    auto p =
+        std::find_if(l.posted.begin(), l.posted.end(), [&](io_item* i) { return i->key == key; });
     if (p == l.posted.end()) return nullptr;
-    io_item* it = p->second.front();
-    p->second.pop_front();
-    if (p->second.empty()) l.posted.erase(p);
+    io_item* it = *p;
+    l.posted.erase(p);
     return it;
   }
 
@@ -868,7 +1004,11 @@ class transport : public std::enable_shared_from_this<transport> {
   int world_;
   transport_options options_;
   std::vector<std::unique_ptr<link>> links_;
-  std::unordered_set<op_state*> ops_;
+  op_state* ops_ = nullptr;  // operations in progress, a list through op_state
+  object_pool<io_item> items_;
+  object_pool<unexpected_msg> unexpected_;
+  vector_pool<std::byte> scratch_memory_;
+  vector_pool<io_item*> item_slots_;
   std::unordered_map<call_id, std::exception_ptr, call_id_hash> failed_calls_;
   std::uint64_t next_id_ = 0;
   bool aborted_ = false;
