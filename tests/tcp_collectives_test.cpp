@@ -500,6 +500,15 @@ TEST_SUITE("tcp collectives") {
       dcomm::op_options wrong{.algorithm = dcomm::algorithm::chain};
       e = co_await attempt([&] { return c.all_reduce(v, dcomm::sum, wrong); });
       expect_invalid("an algorithm all_reduce lacks", e, "not available");
+      // Never dereferenced: refused for where it lives before any byte moves.
+      dcomm::tensor_view on_gpu{v.data(), v.size(), dcomm::dtype::float32, dcomm::device::cuda(0)};
+      e = co_await attempt([&] { return c.all_reduce(on_gpu, dcomm::sum); });
+      expect_invalid("a CUDA tensor", e, "host memory");
+      e = co_await attempt([&] { return c.broadcast(on_gpu, 0); });
+      expect_invalid("a CUDA tensor to broadcast", e, "nccl backend");
+      dcomm::op_options on_stream{.stream = reinterpret_cast<CUstream_st*>(std::uintptr_t{8})};
+      e = co_await attempt([&] { return c.all_reduce(v, dcomm::sum, on_stream); });
+      expect_invalid("a stream", e, "no streams");
       // The numbering stayed in step: a real collective still works.
       std::vector<int> one{1};
       co_await c.all_reduce(one, dcomm::sum);

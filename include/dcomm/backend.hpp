@@ -24,6 +24,10 @@
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/tensor.hpp"
 
+// CUDA's stream type (cudaStream_t is CUstream_st*), declared here so that
+// op_options can name a stream without including CUDA.
+struct CUstream_st;
+
 namespace dcomm {
 
 // Which algorithm a collective uses; automatic picks by size and world.
@@ -67,6 +71,11 @@ inline std::optional<algorithm> parse_algorithm(std::string_view s) {
 struct op_options {
   std::optional<std::chrono::milliseconds> timeout{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
+  // A cudaStream_t: run the operation stream-ordered on it (torch's async
+  // op waited on a stream). It then completes once its GPU work is enqueued
+  // there, after the stream's earlier work and before its later work.
+  // Backends without streams (Backend::supports_streams false: tcp) refuse it.
+  CUstream_st* stream = nullptr;
 };
 
 // The reduction a collective applies, type-erased for the backend:
@@ -137,6 +146,7 @@ struct op_context {
   std::uint64_t seq = 0;  // collectives: the group's sequence number; p2p: the tag
   clock::time_point deadline{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
+  CUstream_st* stream = nullptr;  // op_options::stream
 };
 
 // Makes the output of the _v collectives once the counts are known:
@@ -152,13 +162,25 @@ concept backend = requires {
   // Capabilities checked at compile time by the front end.
   { B::supports_custom_reduce } -> std::convertible_to<bool>;
   { B::supports_bitwise_reduce } -> std::convertible_to<bool>;
+  { B::supports_streams } -> std::convertible_to<bool>;
 }
 &&requires(B& b, const op_context& c, const_tensor_view in, tensor_view out, reducer r, int peer,
-           output_allocator alloc, std::vector<std::size_t> counts) {
+           output_allocator alloc, std::vector<std::size_t> counts,
+           const std::shared_ptr<group_state>& group) {
   { b.get_executor() } -> std::convertible_to<asio::any_io_executor>;
   { b.rank() } -> std::convertible_to<int>;
   { b.world_size() } -> std::convertible_to<int>;
   {b.abort()};
+  // Throws errc::invalid_argument for a tensor the backend cannot take (host
+  // memory for NCCL, device memory for tcp, a dtype it cannot carry); the
+  // front end calls it before anything is sent.
+  {b.check_tensor(in, "operation")};
+  // A group was made from `parent` by new_group or split, in the same order
+  // on every member of `parent`: `child` is null on ranks outside it. color
+  // and key are split's (new_group: 0 and the group rank). Called on any
+  // thread; backends that need a collective to make the group (NCCL's
+  // ncclCommSplit) start it here, ordered before the group's first operation.
+  {b.group_created(group, group, peer, peer)};
   { b.send(c, in, peer) } -> std::same_as<asio::awaitable<void>>;
   { b.recv(c, out, peer) } -> std::same_as<asio::awaitable<void>>;
   { b.barrier(c) } -> std::same_as<asio::awaitable<void>>;

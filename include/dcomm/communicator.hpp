@@ -378,7 +378,7 @@ class communicator {
   auto broadcast(T&& buf, int root, op_options o, Token&& token = {}) const {
     auto v = mutable_view(buf);
     auto bad = check([&] {
-      check_cpu(v, "broadcast");
+      check_tensor(v, "broadcast");
       check_rank(root, "broadcast", "root");
     });
     return launch<void>(
@@ -586,15 +586,23 @@ class communicator {
   template <mutable_tensor T, op_token Token = default_token_t>
   auto all_to_all(T&& buf, Token&& token = {}) const {
     auto v = mutable_view(buf);
-    auto copy = std::make_shared<std::vector<std::byte>>(
-        static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.bytes());
-    const_tensor_view i{copy->data(), v.count, v.type, v.device};
-    auto bad = check([&] {
-      if (v.count % static_cast<std::size_t>(size()) != 0)
-        invalid("all_to_all", "the buffer's " + std::to_string(v.count) +
-                                  " elements are not a multiple of the group size " +
-                                  std::to_string(size()));
-    });
+    auto bad = check([&] { check_tensor(v, "all_to_all"); });
+    // Host memory is copied aside here; a device backend gets in == out and
+    // keeps its own copy on the device.
+    std::shared_ptr<std::vector<std::byte>> copy;
+    const_tensor_view i = v;
+    if (!bad && v.device.type == device::kind::cpu) {
+      copy = std::make_shared<std::vector<std::byte>>(
+          static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.bytes());
+      i.data = copy->data();
+    }
+    if (!bad)
+      bad = check([&] {
+        if (v.count % static_cast<std::size_t>(size()) != 0)
+          invalid("all_to_all", "the buffer's " + std::to_string(v.count) +
+                                    " elements are not a multiple of the group size " +
+                                    std::to_string(size()));
+      });
     return launch<void>(
         "all_to_all", std::forward<Token>(token), bad, coll_context({}, bad),
         [i, v, copy](Backend& b, const op_context& c) { return b.all_to_all(c, i, v); });
@@ -613,7 +621,7 @@ class communicator {
     static_assert(std::is_same_v<element_t<In>, E>,
                   "dcomm: all_gather_v: the output vector's element type must be the input's");
     auto i = view(in);
-    auto bad = check([&] { check_cpu(i, "all_gather_v"); });
+    auto bad = check([&] { check_tensor(i, "all_gather_v"); });
     output_allocator alloc = [&out](std::span<const std::size_t> counts) {
       out.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
       return mutable_view(out);
@@ -640,7 +648,7 @@ class communicator {
                   "dcomm: all_to_all_v: the output vector's element type must be the input's");
     auto i = view(in);
     auto bad = check([&] {
-      check_cpu(i, "all_to_all_v");
+      check_tensor(i, "all_to_all_v");
       if (send_counts.size() != static_cast<std::size_t>(size()))
         invalid("all_to_all_v", "send_counts has " + std::to_string(send_counts.size()) +
                                     " entries; the group has " + std::to_string(size()) + " ranks");
@@ -731,8 +739,12 @@ class communicator {
     std::vector<int> global;
     for (int m : members) global.push_back(global_rank(m));
     auto me = std::find(members.begin(), members.end(), rank());
-    if (me == members.end()) return std::nullopt;
-    return make_group(id, std::move(global), static_cast<int>(me - members.begin()));
+    std::shared_ptr<group_state> child;
+    if (me != members.end())
+      child = make_group_state(id, std::move(global), static_cast<int>(me - members.begin()));
+    rt_->backend->group_created(group_, child, 0, child ? child->rank : 0);
+    if (!child) return std::nullopt;
+    return communicator(rt_, owner_, std::move(child));
   }
 
   // MPI_Comm_split: ranks passing the same color form a group, ordered by
@@ -751,7 +763,10 @@ class communicator {
           const_tensor_view in = view(mine);
           tensor_view out = mutable_view(all);
           co_await b.all_gather(c, in, out);
-          if (mine[0] < 0) co_return std::nullopt;
+          if (mine[0] < 0) {
+            self.rt_->backend->group_created(self.group_, nullptr, -1, 0);
+            co_return std::nullopt;
+          }
           std::vector<std::pair<std::int64_t, int>> members;  // (key, group rank)
           for (int r = 0; r < self.size(); ++r)
             if (all[2 * static_cast<std::size_t>(r)] == mine[0])
@@ -765,7 +780,9 @@ class communicator {
             if (r == self.rank()) my_rank = static_cast<int>(global.size());
             global.push_back(self.global_rank(r));
           }
-          co_return self.make_group(id, std::move(global), my_rank);
+          auto child = self.make_group_state(id, std::move(global), my_rank);
+          self.rt_->backend->group_created(self.group_, child, static_cast<int>(mine[0]), my_rank);
+          co_return communicator(self.rt_, self.owner_, std::move(child));
         });
   }
 
@@ -808,14 +825,15 @@ class communicator {
                std::shared_ptr<group_state> g)
       : rt_(std::move(rt)), owner_(std::move(owner)), group_(std::move(g)) {}
 
-  communicator make_group(std::uint64_t id, std::vector<int> global, int my_rank) const {
+  std::shared_ptr<group_state> make_group_state(std::uint64_t id, std::vector<int> global,
+                                                int my_rank) const {
     auto g = std::make_shared<group_state>();
     g->id = id;
     g->ranks = std::move(global);
     g->rank = my_rank;
     g->timeout = group_->timeout;
     g->name = "group " + detail::format_ranks(g->ranks);
-    return communicator(rt_, owner_, std::move(g));
+    return g;
   }
 
   [[noreturn]] static void invalid(const char* operation, std::string detail) {
@@ -838,23 +856,22 @@ class communicator {
                              (group_->id == 0 ? std::string("world") : group_->name) + " has " +
                              std::to_string(size()) + " ranks");
   }
-  template <class View>
-  static void check_cpu(const View& v, const char* operation) {
-    if (v.device.type != device::kind::cpu)
-      invalid(operation, std::string("a CUDA tensor given to the ") + std::string(Backend::name) +
-                             " backend, which takes host memory");
+  // Where the tensor lives and its dtype: the backend's call (host memory
+  // for tcp, its own GPU for nccl).
+  void check_tensor(const const_tensor_view& v, const char* operation) const {
+    rt_->backend->check_tensor(v, operation);
   }
   template <class View>
   void check_peer(int peer, const char* operation, const View& v) const {
-    check_cpu(v, operation);
+    check_tensor(v, operation);
     check_rank(peer, operation, "peer");
     if (peer == rank())
       invalid(operation, "rank " + std::to_string(peer) + " cannot send to or receive from itself");
   }
-  static void check_types(const const_tensor_view& in, const tensor_view& out,
-                          const char* operation) {
-    check_cpu(in, operation);
-    check_cpu(out, operation);
+  void check_types(const const_tensor_view& in, const tensor_view& out,
+                   const char* operation) const {
+    check_tensor(in, operation);
+    check_tensor(out, operation);
     if (in.type != out.type)
       invalid(operation, "input is " + std::string(name(in.type)) + ", output is " +
                              std::string(name(out.type)));
@@ -898,14 +915,14 @@ class communicator {
 
   op_context p2p_context(int tag, const op_options& o) const {
     return {group_, static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
-            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm};
+            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
   }
   // A collective takes the group's next sequence number, unless its input
   // was refused (then no rank's numbering moves... on this rank; the others
   // will time out or see a mismatch, as they should).
   op_context coll_context(const op_options& o, const std::exception_ptr& bad = nullptr) const {
     return {group_, bad ? 0 : group_->next_seq.fetch_add(1),
-            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm};
+            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
   }
 
   template <class R, class F>
@@ -915,6 +932,11 @@ class communicator {
   template <class R, class Token, class F>
   auto launch(const char* operation, Token&& token, std::exception_ptr bad, op_context ctx,
               F f) const {
+    if (!bad && ctx.stream && !Backend::supports_streams)
+      bad = check([&] {
+        invalid(operation, "op_options::stream is set, but the " + std::string(Backend::name) +
+                               " backend has no streams; leave it null");
+      });
     if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
       static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
       return start_request(operation, bad, std::move(ctx), std::move(f));
@@ -1023,7 +1045,7 @@ class communicator {
                    const op_options& o, Token&& token) const {
     auto bad = check([&] {
       check_rank(root, "reduce", "root");
-      check_cpu(in, "reduce");
+      check_tensor(in, "reduce");
       if (rank() == root) {
         check_types(in, out, "reduce");
         if (in.count != out.count)
@@ -1057,7 +1079,7 @@ class communicator {
   template <class E, class Op, class Token>
   auto reduce_scatter_view(tensor_view all, tensor_view mine, const Op& op, Token&& token) const {
     auto bad = check([&] {
-      check_cpu(all, "reduce_scatter");
+      check_tensor(all, "reduce_scatter");
       if (all.count % static_cast<std::size_t>(size()) != 0)
         invalid("reduce_scatter", "the buffer's " + std::to_string(all.count) +
                                       " elements are not a multiple of the group size " +

@@ -89,6 +89,7 @@ class tcp_backend {
   static constexpr std::string_view name = "tcp";
   static constexpr bool supports_custom_reduce = true;
   static constexpr bool supports_bitwise_reduce = true;
+  static constexpr bool supports_streams = false;
 
   struct options {
     // Where this rank listens for its peers; empty: every interface.
@@ -161,6 +162,20 @@ class tcp_backend {
   void close() {
     asio::dispatch(ex_, [net = net_] { net->close(); });
   }
+
+  // Host memory only: CUDA tensors are refused before anything is sent.
+  void check_tensor(const const_tensor_view& v, const char* operation) const {
+    if (v.device.type != device::kind::cpu)
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .expected = "a tensor in host memory",
+                   .seen = "a CUDA tensor on device " + std::to_string(v.device.index),
+                   .detail = "the tcp backend takes host memory; use the nccl backend "
+                             "(dcomm/nccl.hpp) for device tensors"});
+  }
+  // Groups share the mesh: nothing to set up.
+  void group_created(const std::shared_ptr<group_state>&, const std::shared_ptr<group_state>&, int,
+                     int) {}
 
   // --- point to point ---
   asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
