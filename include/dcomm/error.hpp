@@ -25,6 +25,7 @@ enum class errc {
   connect_failed,    // could not reach a peer until the deadline
   unsupported,       // this build lacks a feature the call needs
   rank_failed,       // a rank's process failed (spawn, launcher)
+  device_error,      // a CUDA or NCCL call failed (dcomm/cuda.hpp, dcomm/nccl.hpp)
 };
 
 }  // namespace dcomm
@@ -64,6 +65,8 @@ class error_category_impl final : public std::error_category {
         return "unsupported in this build";
       case errc::rank_failed:
         return "a rank failed";
+      case errc::device_error:
+        return "device error";
     }
     return "unknown dcomm error";
   }

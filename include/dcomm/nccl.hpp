@@ -1,0 +1,955 @@
+// The NCCL backend: communicator<nccl_backend> runs every collective and
+// send/recv on this rank's GPU through NCCL, behind the same front end as the
+// tcp backend, so a training loop moves to the GPU by changing one type:
+//
+//   dcomm::init_options<dcomm::nccl_backend> o{.init_method = "env://"};
+//   auto comm = co_await dcomm::init_process_group<dcomm::nccl_backend>(ex, o);
+//   dcomm::cuda::device_buffer<float> grads(n);              // on comm.backend().device()
+//   co_await comm.all_reduce(grads, dcomm::avg);              // done when the GPU is done
+//   co_await comm.all_reduce(grads, dcomm::sum, {.stream = s});  // done once enqueued on s
+//
+// How it works (docs/gpu.md):
+// - The NCCL unique id goes from rank 0 to the others through the store; the
+//   communicator is made non-blocking (ncclConfig_t::blocking = 0) and its
+//   initialisation polled until it is ready or the deadline passes.
+// - new_group and split make their communicators with ncclCommSplit on the
+//   parent's (every member of the parent calls it, as dcomm's new_group needs).
+// - Calls on one NCCL communicator are issued in the order their operations
+//   were started (a turnstile per group): NCCL needs every rank to issue them
+//   in the same order, and an operation may have to wait for a communicator
+//   still being made.
+// - Completion: a host function queued on the stream behind the operation
+//   posts to the backend's executor, so the awaitable completes when the GPU
+//   work has finished, without a thread spinning on an event. While it waits,
+//   the operation polls NCCL's asynchronous error every poll_interval; on an
+//   error or the deadline every NCCL communicator of the backend is aborted
+//   (ncclCommAbort) and every pending operation fails with a typed error.
+// - Host memory is refused by check_tensor; the front end's own calls that
+//   carry host data (split's colours, the object collectives, the counts of
+//   the _v collectives) are staged through device memory here.
+// - NCCL matches point-to-point messages by order, not by tag: a tag other
+//   than 0 is refused. NCCL cannot detect ranks that disagree on a call's
+//   size: they hang, and the deadline turns that into errc::timeout.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/cuda.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/store/store.hpp"
+
+namespace dcomm {
+
+namespace detail::nccl {
+
+inline ncclDataType_t data_type(dtype t) {
+  switch (t) {
+    case dtype::int8:
+      return ncclInt8;
+    case dtype::uint8:
+      return ncclUint8;
+    case dtype::int32:
+      return ncclInt32;
+    case dtype::int64:
+      return ncclInt64;
+    case dtype::float16:
+      return ncclFloat16;
+    case dtype::bfloat16:
+      return ncclBfloat16;
+    case dtype::float32:
+      return ncclFloat32;
+    case dtype::float64:
+      return ncclFloat64;
+  }
+  throw_error(errc::invalid_argument,
+              {.operation = "nccl_backend",
+               .seen = "dtype value " + std::to_string(static_cast<unsigned>(t)),
+               .detail = "not a dcomm::dtype"});
+}
+
+// The bitwise ops and custom functors never get here: the front end
+// rejects them at compile time (supports_bitwise_reduce and
+// supports_custom_reduce are false), and make_reducer(kind, dtype) checks
+// the rest.
+inline ncclRedOp_t reduce_op(reduce_kind k) {
+  switch (k) {
+    case reduce_kind::sum:
+      return ncclSum;
+    case reduce_kind::prod:
+      return ncclProd;
+    case reduce_kind::min:
+      return ncclMin;
+    case reduce_kind::max:
+      return ncclMax;
+    case reduce_kind::avg:
+      return ncclAvg;
+    default:
+      break;
+  }
+  throw_error(errc::invalid_argument,
+              {.operation = "nccl_backend",
+               .seen = std::string(name(k)),
+               .detail = "NCCL reduces with sum, prod, min, max and avg only"});
+}
+
+// NCCL's result as the dcomm error a user can act on.
+inline errc error_for(ncclResult_t r) {
+  switch (r) {
+    case ncclRemoteError:
+      return errc::peer_lost;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return errc::invalid_argument;
+    default:
+      return errc::device_error;
+  }
+}
+
+inline std::string describe(ncclResult_t r, ncclComm_t comm) {
+  std::string d = ncclGetErrorString(r);
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) d += " (" + std::string(last) + ")";
+  }
+  return d;
+}
+
+// The GPU a rank uses when options::device is not set: $LOCAL_RANK (what
+// torchrun, dcomm-run and mpirun's OMPI_COMM_WORLD_LOCAL_RANK say), else its
+// rank modulo the GPUs it sees.
+inline int default_device(int rank, int gpus) {
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end && *end == '\0' && n >= 0) return static_cast<int>(n % gpus);
+    }
+  return rank % gpus;
+}
+
+// Set by the host function CUDA runs on its own thread once the stream has
+// reached it; the waiting operation runs on the executor.
+struct gpu_done {
+  std::atomic<bool> done{false};
+  asio::any_io_executor executor;
+  asio::steady_timer* waiter = nullptr;  // only touched on executor
+};
+
+inline void CUDART_CB on_gpu_done(void* p) {
+  auto* holder = static_cast<std::shared_ptr<gpu_done>*>(p);
+  std::shared_ptr<gpu_done> d = std::move(*holder);
+  delete holder;
+  d->done.store(true, std::memory_order_release);
+  // No CUDA call may be made from here; posting to Asio is not one.
+  asio::post(d->executor, [d] {
+    if (d->waiter) d->waiter->cancel();
+  });
+}
+
+// Page-locked host blocks, kept for reuse: CUDA copies from and to them
+// without waiting on the stream (from pageable memory it may wait for the
+// stream's earlier work, which can wait on peers: the executor would stall
+// past every deadline), and cudaFreeHost may synchronize the device.
+class pinned_pool {
+ public:
+  pinned_pool() = default;
+  pinned_pool(const pinned_pool&) = delete;
+  pinned_pool& operator=(const pinned_pool&) = delete;
+  ~pinned_pool() {
+    for (auto& b : free_) (void)cudaFreeHost(b.data);
+  }
+  struct block {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  block take(std::size_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+    if (best != free_.end()) {
+      block b = *best;
+      free_.erase(best);
+      return b;
+    }
+    block b{nullptr, std::max<std::size_t>(bytes, 4096)};
+    cuda::check(cudaMallocHost(&b.data, b.bytes),
+                "cudaMallocHost of " + std::to_string(b.bytes) + " bytes (staging)");
+    return b;
+  }
+  void give(block b) { free_.push_back(b); }
+
+ private:
+  std::vector<block> free_;
+};
+
+// Device copies of the host buffers that the front end's own calls carry
+// (split's colours, the object collectives, the _v collectives' counts and
+// host outputs), through pinned blocks, and device scratch, all in the
+// operation's stream order: copies in before the NCCL calls, copies out
+// after them (finish()), into host memory once the GPU is done (copy_back()).
+class staging {
+ public:
+  staging(pinned_pool& pool, cudaStream_t stream, bool host_allowed)
+      : pool_(pool), stream_(stream), host_allowed_(host_allowed) {}
+  staging(const staging&) = delete;
+  staging& operator=(const staging&) = delete;
+  ~staging() {
+    for (void* p : device_) (void)cudaFreeAsync(p, stream_);  // after the work, in stream order
+    for (auto& b : pinned_) pool_.give(b);
+  }
+  // A device pointer with v's contents.
+  const void* in(const const_tensor_view& v) {
+    if (v.device.type == device::kind::cuda || v.bytes() == 0) return v.data;
+    auto pinned = host_block(v.bytes());
+    std::memcpy(pinned.data, v.data, v.bytes());
+    void* d = allocate(v.bytes());
+    cuda::check(cudaMemcpyAsync(d, pinned.data, v.bytes(), cudaMemcpyHostToDevice, stream_),
+                "cudaMemcpyAsync host to device (staging)");
+    return d;
+  }
+  // A device pointer whose contents end up in v; `initial`: v's contents
+  // first (in-place operations).
+  void* out(const tensor_view& v, bool initial = false) {
+    if (v.device.type == device::kind::cuda || v.bytes() == 0) return v.data;
+    void* d = initial ? const_cast<void*>(in(v)) : allocate(v.bytes());
+    back_.push_back({d, host_block(v.bytes()).data, v.data, v.bytes()});
+    return d;
+  }
+  // Device memory of `bytes` until the operation's work is done.
+  void* allocate(std::size_t bytes) {
+    void* d = nullptr;
+    cuda::check(cudaMallocAsync(&d, bytes, stream_),
+                "cudaMallocAsync of " + std::to_string(bytes) + " bytes");
+    device_.push_back(d);
+    return d;
+  }
+  // After the NCCL calls: the results to the pinned blocks.
+  void finish() {
+    for (auto& b : back_)
+      cuda::check(cudaMemcpyAsync(b.pinned, b.device, b.bytes, cudaMemcpyDeviceToHost, stream_),
+                  "cudaMemcpyAsync device to host (staging)");
+  }
+  // Once the GPU is done: into the caller's host memory.
+  void copy_back() {
+    for (auto& b : back_) std::memcpy(b.host, b.pinned, b.bytes);
+    back_.clear();
+  }
+
+ private:
+  pinned_pool::block host_block(std::size_t bytes) {
+    if (!host_allowed_)
+      throw_error(errc::invalid_argument,
+                  {.operation = "nccl_backend",
+                   .detail = "host memory in a stream-ordered operation (op_options::stream)"});
+    auto b = pool_.take(bytes);
+    pinned_.push_back(b);
+    return b;
+  }
+  struct copy {
+    void* device;
+    void* pinned;
+    void* host;
+    std::size_t bytes;
+  };
+  pinned_pool& pool_;
+  cudaStream_t stream_;
+  bool host_allowed_;
+  std::vector<void*> device_;
+  std::vector<pinned_pool::block> pinned_;
+  std::vector<copy> back_;
+};
+
+}  // namespace detail::nccl
+
+class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
+ public:
+  static constexpr std::string_view name = "nccl";
+  static constexpr bool supports_custom_reduce = false;
+  static constexpr bool supports_bitwise_reduce = false;
+  static constexpr bool supports_streams = true;
+
+  struct options {
+    // This rank's GPU; -1: $LOCAL_RANK when set, else rank modulo the GPUs
+    // this process sees.
+    int device = -1;
+    // How often an operation waiting for the GPU checks NCCL's asynchronous
+    // errors (completion itself wakes it at once).
+    std::chrono::milliseconds poll_interval = std::chrono::milliseconds(10);
+  };
+
+  // Makes the world's NCCL communicator. Runs on (and stays on) the
+  // executor it is awaited from, a strand or a one-thread context.
+  static asio::awaitable<std::shared_ptr<nccl_backend>> create(std::shared_ptr<store> s, int rank,
+                                                               int world, std::string job_token,
+                                                               std::string store_host, options o,
+                                                               clock::time_point deadline) {
+    static_cast<void>(job_token);   // the store is authenticated already; NCCL's
+    static_cast<void>(store_host);  // bootstrap finds its own interfaces
+    auto ex = co_await asio::this_coro::executor;
+    const int gpus = cuda::device_count();
+    if (gpus == 0)
+      throw_error(errc::device_error, {.operation = "nccl_backend",
+                                       .rank = rank,
+                                       .detail = "no CUDA device is visible to this process"});
+    const int dev = o.device >= 0 ? o.device : detail::nccl::default_device(rank, gpus);
+    if (dev >= gpus)
+      throw_error(errc::invalid_argument, {.operation = "nccl_backend",
+                                           .rank = rank,
+                                           .expected = "a device below " + std::to_string(gpus),
+                                           .seen = "device " + std::to_string(dev)});
+    auto b = std::shared_ptr<nccl_backend>(new nccl_backend(ex, rank, world, dev, o));
+    const std::string key = "dcomm/nccl/world/unique_id";
+    ncclUniqueId id{};
+    if (rank == 0) {
+      b->nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr);
+      co_await s->set(key, std::string(id.internal, sizeof id.internal));
+    } else {
+      auto v = co_await s->get(key, detail::time_left(deadline));
+      if (v.size() != sizeof id.internal)
+        throw_error(errc::protocol_error,
+                    {.operation = "nccl_backend",
+                     .rank = rank,
+                     .key = key,
+                     .expected = std::to_string(sizeof id.internal) + " bytes",
+                     .seen = std::to_string(v.size()) + " bytes"});
+      std::memcpy(id.internal, v.data(), sizeof id.internal);
+    }
+    auto& g = b->add_group(0, "the world group", rank, world);
+    {
+      cuda::device_guard on(dev);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const auto r = ncclCommInitRankConfig(&g.comm, world, id, rank, &config);
+      if (r != ncclSuccess && r != ncclInProgress)
+        b->nccl_check(r, "ncclCommInitRankConfig", g.comm);
+    }
+    op_context ctx{.deadline = deadline};
+    co_await b->settle(g, ctx, "ncclCommInitRankConfig");
+    co_return b;
+  }
+
+  nccl_backend(const nccl_backend&) = delete;
+  nccl_backend& operator=(const nccl_backend&) = delete;
+  ~nccl_backend() { release(true); }
+
+  asio::any_io_executor get_executor() const { return ex_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  // The GPU this rank's communicators use.
+  int device() const { return device_; }
+
+  // Aborts every NCCL communicator (ncclCommAbort) and fails every pending
+  // and future operation with errc::aborted. Thread-safe.
+  void abort() {
+    asio::dispatch(ex_, [self = shared_from_this()] {
+      self->abort_all(make_error(
+          errc::aborted,
+          {.operation = "nccl_backend", .rank = self->rank_, .detail = "abort() was called"}));
+    });
+  }
+  // The last communicator handle is gone: finalize and destroy the NCCL
+  // communicators (abort those that do not finish within 10 s).
+  void close() {
+    asio::dispatch(ex_, [self = shared_from_this()] { self->release(false); });
+  }
+
+  // This rank's GPU only; every dtype of dcomm is one NCCL carries.
+  void check_tensor(const const_tensor_view& v, const char* operation) const {
+    if (v.count == 0) return;  // never touched: any empty buffer will do
+    if (v.device.type != device::kind::cuda)
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .rank = rank_,
+                   .expected = "a CUDA tensor on device " + std::to_string(device_),
+                   .seen = "host memory",
+                   .detail = "the nccl backend takes device memory; use the tcp backend for "
+                             "host tensors"});
+    if (v.device.index != device_)
+      throw_error(
+          errc::invalid_argument,
+          {.operation = operation,
+           .rank = rank_,
+           .expected = "a CUDA tensor on device " + std::to_string(device_),
+           .seen = "a CUDA tensor on device " + std::to_string(v.device.index),
+           .detail = "this rank's NCCL communicator runs on device " + std::to_string(device_)});
+    static_cast<void>(detail::nccl::data_type(v.type));
+  }
+
+  // ncclCommSplit of the parent's communicator, issued in the parent's
+  // order; the child's operations wait for it.
+  void group_created(const std::shared_ptr<group_state>& parent,
+                     const std::shared_ptr<group_state>& child, int color, int key) {
+    asio::post(ex_, [self = shared_from_this(), parent_id = parent->id,
+                     deadline = clock::now() + parent->timeout, child, color,
+                     key] { self->start_split(parent_id, deadline, child, color, key); });
+  }
+
+  // --- point to point: matched in order per pair of ranks ---
+  asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
+    check_tag(ctx, "send");
+    co_await run(ctx, "send", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      return ncclSend(st.in(in), in.count, detail::nccl::data_type(in.type), peer, g.comm, s);
+    });
+  }
+  asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
+    check_tag(ctx, "recv");
+    co_await run(ctx, "recv", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      return ncclRecv(st.out(out), out.count, detail::nccl::data_type(out.type), peer, g.comm, s);
+    });
+  }
+
+  // --- collectives ---
+  asio::awaitable<void> barrier(op_context ctx) {
+    co_await run(ctx, "barrier", [&](group& g, cudaStream_t s, detail::nccl::staging&) {
+      return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
+    });
+  }
+  asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
+    co_await run(ctx, "broadcast", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      void* d = st.out(buf, g.rank == root);
+      return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
+    });
+  }
+  asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
+                               int root) {
+    co_await run(ctx, "reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const void* src = st.in(in);
+      void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
+      return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                        detail::nccl::reduce_op(r.kind), root, g.comm, s);
+    });
+  }
+  asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
+                                   reducer r) {
+    co_await run(ctx, "all_reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const bool in_place = in.data == out.data;
+      void* dst = st.out(out, in_place);
+      const void* src = in_place ? dst : st.in(in);
+      return ncclAllReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                           detail::nccl::reduce_op(r.kind), g.comm, s);
+    });
+  }
+  asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+    co_await run(ctx, "all_gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      return ncclAllGather(st.in(in), st.out(out), in.count, detail::nccl::data_type(in.type),
+                           g.comm, s);
+    });
+  }
+  asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
+                                       reducer r) {
+    co_await run(ctx, "reduce_scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      return ncclReduceScatter(st.in(in), st.out(out), out.count, detail::nccl::data_type(out.type),
+                               detail::nccl::reduce_op(r.kind), g.comm, s);
+    });
+  }
+
+  // Composed from grouped send/recv, as NCCL has no scatter, gather or
+  // all-to-all of its own.
+  asio::awaitable<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    co_await run(ctx, "scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const std::size_t block = out.bytes();
+      void* dst = st.out(out);
+      if (g.rank != root) return grouped(g, s, {}, {{root, dst, block}});
+      const char* src = static_cast<const char*>(st.in(in));
+      std::vector<transfer> sends;
+      for (int r = 0; r < g.size; ++r)
+        if (r != root) sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
+      local_copy(dst, src + block * unsigned(root), block, s);
+      return grouped(g, s, sends, {});
+    });
+  }
+  asio::awaitable<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    co_await run(ctx, "gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const std::size_t block = in.bytes();
+      const void* src = st.in(in);
+      if (g.rank != root) return grouped(g, s, {{root, const_cast<void*>(src), block}}, {});
+      char* dst = static_cast<char*>(st.out(out));
+      std::vector<transfer> recvs;
+      for (int r = 0; r < g.size; ++r)
+        if (r != root) recvs.push_back({r, dst + block * unsigned(r), block});
+      local_copy(dst + block * unsigned(root), src, block, s);
+      return grouped(g, s, {}, recvs);
+    });
+  }
+  asio::awaitable<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+    co_await run(ctx, "all_to_all", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const std::size_t block = out.bytes() / unsigned(g.size);
+      char* dst = static_cast<char*>(st.out(out, in.data == out.data));
+      const char* src = static_cast<const char*>(st.in(in));
+      if (in.data == out.data && out.bytes()) {  // in place: send from a copy
+        void* copy = st.allocate(out.bytes());
+        local_copy(copy, dst, out.bytes(), s);
+        src = static_cast<const char*>(copy);
+      }
+      std::vector<transfer> sends, recvs;
+      for (int r = 0; r < g.size; ++r)
+        if (r != g.rank) {
+          sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
+          recvs.push_back({r, dst + block * unsigned(r), block});
+        }
+      local_copy(dst + block * unsigned(g.rank), src + block * unsigned(g.rank), block, s);
+      return grouped(g, s, sends, recvs);
+    });
+  }
+
+  // The counts first (through device memory), then the data.
+  asio::awaitable<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
+                                                         output_allocator alloc) {
+    no_stream(ctx, "all_gather_v");
+    std::int64_t mine = static_cast<std::int64_t>(in.count);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(ctx.group->size()));
+    co_await all_gather(ctx, view(std::span<const std::int64_t>(&mine, 1)), mutable_view(all));
+    std::vector<std::size_t> counts(all.begin(), all.end());
+    tensor_view out = alloc(counts);
+    const std::size_t element = size_of(in.type);
+    co_await run(ctx, "all_gather_v", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const void* src = st.in(in);
+      char* dst = static_cast<char*>(st.out(out));
+      std::vector<transfer> sends, recvs;
+      std::size_t at = 0;
+      for (int r = 0; r < g.size; ++r) {
+        const std::size_t bytes = counts[unsigned(r)] * element;
+        if (r == g.rank)
+          local_copy(dst + at, src, bytes, s);
+        else {
+          sends.push_back({r, const_cast<void*>(src), in.bytes()});
+          recvs.push_back({r, dst + at, bytes});
+        }
+        at += bytes;
+      }
+      return grouped(g, s, sends, recvs);
+    });
+    co_return counts;
+  }
+  asio::awaitable<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
+                                                         std::vector<std::size_t> send_counts,
+                                                         output_allocator alloc) {
+    no_stream(ctx, "all_to_all_v");
+    std::vector<std::int64_t> sending(send_counts.begin(), send_counts.end());
+    std::vector<std::int64_t> coming(sending.size());
+    co_await all_to_all(ctx, view(sending), mutable_view(coming));
+    std::vector<std::size_t> counts(coming.begin(), coming.end());
+    tensor_view out = alloc(counts);
+    const std::size_t element = size_of(in.type);
+    co_await run(ctx, "all_to_all_v", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      const char* src = static_cast<const char*>(st.in(in));
+      char* dst = static_cast<char*>(st.out(out));
+      std::vector<transfer> sends, recvs;
+      std::size_t from = 0, to = 0;
+      for (int r = 0; r < g.size; ++r) {
+        const std::size_t out_bytes = send_counts[unsigned(r)] * element;
+        const std::size_t in_bytes = counts[unsigned(r)] * element;
+        if (r == g.rank) {
+          if (out_bytes != in_bytes)
+            throw_error(errc::mismatch, {.operation = "all_to_all_v",
+                                         .rank = rank_,
+                                         .detail = "this rank's count to itself changed"});
+          local_copy(dst + to, src + from, in_bytes, s);
+        } else {
+          sends.push_back({r, const_cast<char*>(src) + from, out_bytes});
+          recvs.push_back({r, dst + to, in_bytes});
+        }
+        from += out_bytes;
+        to += in_bytes;
+      }
+      return grouped(g, s, sends, recvs);
+    });
+    co_return counts;
+  }
+
+ private:
+  // One NCCL communicator: the world's or a group's.
+  struct group {
+    std::uint64_t id = 0;
+    std::string name;
+    int rank = 0;
+    int size = 0;
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;  // the awaited form's
+    float* scratch = nullptr;       // barrier's element
+    // The turnstile that issues this communicator's calls in start order.
+    std::uint64_t next_ticket = 0;
+    std::uint64_t serving = 0;
+  };
+
+  // A byte range to or from a group rank.
+  struct transfer {
+    int peer;
+    void* data;
+    std::size_t bytes;
+  };
+
+  nccl_backend(asio::any_io_executor ex, int rank, int world, int device, options o)
+      : ex_(std::move(ex)), rank_(rank), world_(world), device_(device), o_(o) {}
+
+  group& add_group(std::uint64_t id, std::string name, int rank, int size) {
+    auto g = std::make_unique<group>();
+    g->id = id;
+    g->name = std::move(name);
+    g->rank = rank;
+    g->size = size;
+    cuda::device_guard on(device_);
+    // A blocking stream: ordered after the legacy default stream's work, so
+    // that tensors filled there are ready when the collective starts.
+    cuda::check(cudaStreamCreate(&g->stream), "cudaStreamCreate");
+    void* p = nullptr;
+    if (cudaMalloc(&p, sizeof(float)) != cudaSuccess) {
+      (void)cudaStreamDestroy(g->stream);
+      cuda::check(cudaGetLastError(), "cudaMalloc of the barrier's element");
+    }
+    g->scratch = static_cast<float*>(p);
+    auto& ref = *g;
+    groups_[id] = std::move(g);
+    return ref;
+  }
+
+  group& find_group(const op_context& ctx, const char* operation) {
+    const std::uint64_t id = ctx.group ? ctx.group->id : 0;
+    auto it = groups_.find(id);
+    if (it == groups_.end())
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .rank = rank_,
+                   .detail = "no NCCL communicator for " +
+                             (ctx.group ? ctx.group->name : std::string("this group"))});
+    return *it->second;
+  }
+
+  [[noreturn]] void fail(ncclResult_t r, const std::string& what, ncclComm_t comm) const {
+    throw_error(detail::nccl::error_for(r),
+                {.operation = what, .rank = rank_, .detail = detail::nccl::describe(r, comm)});
+  }
+  void nccl_check(ncclResult_t r, const std::string& what, ncclComm_t comm) const {
+    if (r != ncclSuccess) fail(r, what, comm);
+  }
+  static std::exception_ptr make_error(errc e, error_context c) {
+    return std::make_exception_ptr(error(e, std::move(c)));
+  }
+  void check_alive() const {
+    if (failure_) std::rethrow_exception(failure_);
+  }
+  static void check_tag(const op_context& ctx, const char* operation) {
+    if (ctx.seq != 0)
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .seen = "tag " + std::to_string(static_cast<std::int64_t>(ctx.seq)),
+                   .detail = "NCCL matches send and recv in order per pair of ranks; tags other "
+                             "than 0 are not supported"});
+  }
+  static void no_stream(const op_context& ctx, const char* operation) {
+    if (ctx.stream)
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .detail = "the counts are needed on the host before the data moves, so it "
+                             "cannot be stream-ordered; leave op_options::stream null"});
+  }
+
+  void local_copy(void* dst, const void* src, std::size_t bytes, cudaStream_t s) const {
+    if (bytes == 0 || dst == src) return;
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s),
+                "cudaMemcpyAsync device to device");
+  }
+  // Byte transfers as one NCCL group (sends and receives to many peers
+  // proceed together and cannot deadlock on each other).
+  ncclResult_t grouped(group& g, cudaStream_t s, const std::vector<transfer>& sends,
+                       const std::vector<transfer>& recvs) const {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (auto& t : sends)
+      if (t.bytes && r == ncclSuccess) r = ncclSend(t.data, t.bytes, ncclUint8, t.peer, g.comm, s);
+    for (auto& t : recvs)
+      if (t.bytes && r == ncclSuccess) r = ncclRecv(t.data, t.bytes, ncclUint8, t.peer, g.comm, s);
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  }
+
+  // Sleeps on a timer that abort_all can cut short.
+  asio::awaitable<void> nap(clock::time_point until) {
+    asio::steady_timer t(ex_, until);
+    sleepers_.push_back(&t);
+    asio::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    std::erase(sleepers_, &t);
+  }
+
+  // Waits for this operation's turn on g's communicator.
+  asio::awaitable<void> take_turn(group& g, std::uint64_t ticket, const op_context& ctx,
+                                  const char* operation) {
+    while (g.serving != ticket) {
+      check_alive();
+      if (clock::now() >= ctx.deadline) timeout(g, ctx, operation, "waiting for its turn");
+      co_await nap(std::min(ctx.deadline, clock::now() + std::chrono::milliseconds(1)));
+    }
+  }
+  void end_turn(group& g) {
+    ++g.serving;
+    for (auto* t : sleepers_) t->cancel();  // the next in line re-checks at once
+  }
+
+  // Until g's communicator has no call in progress (a non-blocking
+  // communicator being made, or an enqueue NCCL finishes in the background).
+  asio::awaitable<void> settle(group& g, const op_context& ctx, const char* operation) {
+    for (auto pause = std::chrono::microseconds(50);;
+         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5))) {
+      check_alive();
+      if (!g.comm)
+        throw_error(errc::aborted, {.operation = operation,
+                                    .rank = rank_,
+                                    .detail = "the NCCL communicator of " + g.name + " is gone"});
+      ncclResult_t state = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
+      if (state == ncclSuccess) co_return;
+      if (state != ncclInProgress) {
+        auto e = make_error(detail::nccl::error_for(state),
+                            {.operation = operation,
+                             .rank = rank_,
+                             .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
+        abort_all(e);
+        std::rethrow_exception(e);
+      }
+      if (clock::now() >= ctx.deadline) timeout(g, ctx, operation, "NCCL was still busy");
+      co_await nap(std::min(ctx.deadline, clock::now() + pause));
+    }
+  }
+
+  [[noreturn]] void timeout(group& g, const op_context& ctx, const char* operation,
+                            const std::string& where) {
+    auto e = make_error(errc::timeout,
+                        {.operation = std::string(operation) + " #" + std::to_string(ctx.seq),
+                         .rank = rank_,
+                         .peers = g.name,
+                         .detail = "the deadline passed (" + where +
+                                   "); every NCCL communicator of this rank is aborted"});
+    abort_all(e);
+    std::rethrow_exception(e);
+  }
+
+  // Issues the operation's NCCL calls in its turn, then waits for the GPU
+  // (or, stream-ordered, leaves a watcher that aborts on the deadline).
+  template <class Enqueue>
+  asio::awaitable<void> run(const op_context& ctx, const char* operation, Enqueue enqueue) {
+    check_alive();
+    group& g = find_group(ctx, operation);
+    const std::uint64_t ticket = g.next_ticket++;
+    cudaStream_t s = ctx.stream ? ctx.stream : g.stream;
+    detail::nccl::staging st(pinned_, s, !ctx.stream);
+    auto done = std::make_shared<detail::nccl::gpu_done>();
+    done->executor = ex_;
+    co_await take_turn(g, ticket, ctx, operation);
+    {
+      struct turn {
+        nccl_backend& b;
+        group& g;
+        ~turn() { b.end_turn(g); }
+      } holding{*this, g};
+      co_await settle(g, ctx, operation);
+      ncclResult_t r = ncclSuccess;
+      {
+        cuda::device_guard on(device_);
+        r = enqueue(g, s, st);
+      }
+      if (r != ncclSuccess && r != ncclInProgress) fail(r, operation, g.comm);
+      // Until NCCL has put its kernels on the stream, nothing may follow them.
+      if (r == ncclInProgress) co_await settle(g, ctx, operation);
+      cuda::device_guard on(device_);
+      st.finish();
+      auto* holder = new std::shared_ptr<detail::nccl::gpu_done>(done);
+      if (auto e = cudaLaunchHostFunc(s, &detail::nccl::on_gpu_done, holder); e != cudaSuccess) {
+        delete holder;
+        cuda::check(e, "cudaLaunchHostFunc");
+      }
+    }
+    if (ctx.stream) {
+      asio::co_spawn(ex_, watch(shared_from_this(), done, g.id, ctx, operation), asio::detached);
+      co_return;
+    }
+    co_await wait_gpu(*done, g, ctx, operation);
+    st.copy_back();
+  }
+
+  asio::awaitable<void> wait_gpu(detail::nccl::gpu_done& d, group& g, const op_context& ctx,
+                                 const char* operation) {
+    asio::steady_timer timer(ex_);
+    d.waiter = &timer;
+    sleepers_.push_back(&timer);
+    struct unhook {
+      nccl_backend& b;
+      detail::nccl::gpu_done& d;
+      asio::steady_timer& t;
+      ~unhook() {
+        d.waiter = nullptr;
+        std::erase(b.sleepers_, &t);
+      }
+    } guard{*this, d, timer};
+    while (!d.done.load(std::memory_order_acquire)) {
+      check_alive();
+      if (g.comm) {
+        ncclResult_t state = ncclSuccess;
+        nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
+        if (state != ncclSuccess && state != ncclInProgress) {
+          auto e = make_error(detail::nccl::error_for(state),
+                              {.operation = operation,
+                               .rank = rank_,
+                               .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
+          abort_all(e);
+          std::rethrow_exception(e);
+        }
+      }
+      const auto now = clock::now();
+      if (now >= ctx.deadline) timeout(g, ctx, operation, "waiting for the GPU");
+      timer.expires_at(std::min(ctx.deadline, now + o_.poll_interval));
+      asio::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  // A stream-ordered operation's deadline: failures surface in the next
+  // operation, as the communicator is aborted.
+  static asio::awaitable<void> watch(std::shared_ptr<nccl_backend> self,
+                                     std::shared_ptr<detail::nccl::gpu_done> done,
+                                     std::uint64_t group_id, op_context ctx,
+                                     const char* operation) {
+    auto it = self->groups_.find(group_id);
+    if (it == self->groups_.end()) co_return;
+    try {
+      co_await self->wait_gpu(*done, *it->second, ctx, operation);
+    } catch (...) {
+      // Recorded by abort_all for every later operation.
+    }
+  }
+
+  // On the executor, before any later operation starts: the child's
+  // group, holding its first turn, and the parent's turn for the split.
+  void start_split(std::uint64_t parent_id, clock::time_point deadline,
+                   const std::shared_ptr<group_state>& child, int color, int key) {
+    auto pit = groups_.find(parent_id);
+    if (pit == groups_.end()) return;  // the parent's own split failed: all has failed
+    group& parent = *pit->second;
+    group* made = nullptr;
+    if (child) {
+      try {
+        made = &add_group(child->id, child->name, child->rank, child->size());
+      } catch (...) {
+        abort_all(std::current_exception());
+        return;
+      }
+      ++made->next_ticket;  // ticket 0: its operations wait for the split
+    }
+    const std::uint64_t ticket = parent.next_ticket++;
+    asio::co_spawn(ex_, split(shared_from_this(), parent, made, ticket, deadline, color, key),
+                   asio::detached);
+  }
+
+  static asio::awaitable<void> split(std::shared_ptr<nccl_backend> self, group& parent, group* made,
+                                     std::uint64_t ticket, clock::time_point deadline, int color,
+                                     int key) {
+    op_context ctx{.deadline = deadline};
+    try {
+      co_await self->take_turn(parent, ticket, ctx, "ncclCommSplit");
+      struct turn {
+        nccl_backend& b;
+        group& g;
+        ~turn() { b.end_turn(g); }
+      } holding{*self, parent};
+      co_await self->settle(parent, ctx, "ncclCommSplit");
+      cuda::device_guard on(self->device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclComm_t comm = nullptr;
+      const auto r =
+          ncclCommSplit(parent.comm, made ? color : NCCL_SPLIT_NOCOLOR, key, &comm, &config);
+      if (r != ncclSuccess && r != ncclInProgress)
+        self->fail(r, "ncclCommSplit of " + parent.name, parent.comm);
+      if (made) made->comm = comm;
+    } catch (...) {
+      self->abort_all(std::current_exception());
+    }
+    if (made) self->end_turn(*made);  // its first operation settles the new communicator
+  }
+
+  // Aborts every communicator, so that no GPU work waits on a peer any
+  // longer, and fails what is pending and what comes later with `why`.
+  void abort_all(std::exception_ptr why) {
+    if (!failure_) failure_ = std::move(why);
+    for (auto& [id, g] : groups_)
+      if (g->comm) {
+        (void)ncclCommAbort(g->comm);
+        g->comm = nullptr;
+      }
+    for (auto* t : sleepers_) t->cancel();
+  }
+
+  // close() (graceful) or the destructor (abort): communicators, streams
+  // and the barrier's elements go.
+  void release(bool abort) {
+    if (released_) return;
+    released_ = true;
+    if (!failure_)
+      failure_ = make_error(
+          errc::closed,
+          {.operation = "nccl_backend", .rank = rank_, .detail = "the communicator was closed"});
+    int previous = 0;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    for (auto& [id, g] : groups_) {
+      if (g->comm) {
+        bool finished = false;
+        if (!abort && ncclCommFinalize(g->comm) == ncclSuccess) {
+          const auto until = clock::now() + std::chrono::seconds(10);
+          ncclResult_t state = ncclInProgress;
+          while (ncclCommGetAsyncError(g->comm, &state) == ncclSuccess && state == ncclInProgress &&
+                 clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          finished = state == ncclSuccess;
+        }
+        if (finished)
+          (void)ncclCommDestroy(g->comm);
+        else
+          (void)ncclCommAbort(g->comm);
+        g->comm = nullptr;
+      }
+      // Its host functions have run once the stream is drained.
+      if (g->stream) {
+        (void)cudaStreamSynchronize(g->stream);
+        (void)cudaStreamDestroy(g->stream);
+        g->stream = nullptr;
+      }
+      if (g->scratch) (void)cudaFree(g->scratch);
+      g->scratch = nullptr;
+    }
+    if (switched) (void)cudaSetDevice(previous);
+    for (auto* t : sleepers_) t->cancel();
+  }
+
+  asio::any_io_executor ex_;
+  int rank_;
+  int world_;
+  int device_;
+  options o_;
+  std::map<std::uint64_t, std::unique_ptr<group>> groups_;  // by group_state::id
+  detail::nccl::pinned_pool pinned_;
+  std::vector<asio::steady_timer*> sleepers_;  // timers abort_all cuts short
+  std::exception_ptr failure_;                 // set: every operation fails with it
+  bool released_ = false;
+};
+
+static_assert(backend<nccl_backend>);
+
+}  // namespace dcomm

@@ -1,0 +1,303 @@
+// dcomm/nccl.hpp: what needs no GPU (the mapping of dtypes, reduce ops and
+// NCCL's errors, the choice of device, a clean refusal without a device),
+// and a world of one over NCCL for every operation where a GPU is present
+// (NCCL refuses two ranks on one GPU, so the machines lent here, with one,
+// cannot run more). The GPU cases say "skipped: no CUDA device" otherwise.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dcomm/communicator.hpp"
+#include "dcomm/cuda.hpp"
+#include "dcomm/nccl.hpp"
+#include "dcomm/store/hash_store.hpp"
+
+namespace {
+
+using nccl_comm = dcomm::communicator<dcomm::nccl_backend>;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+bool gpu_present() {
+  if (dcomm::cuda::device_count() > 0) return true;
+  MESSAGE("skipped: no CUDA device");
+  return false;
+}
+
+// Runs body on a world of one over NCCL; returns the error message, or ""
+// when it succeeded.
+template <class Body>
+std::string world_of_one(Body body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  asio::io_context ctx;
+  try {
+    auto s =
+        dcomm::hash_store::create(ctx.get_executor(), std::make_shared<dcomm::hash_store::table>());
+    dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+      dcomm::init_options<dcomm::nccl_backend> o{.timeout = timeout, .job_token = ""};
+      auto c =
+          co_await dcomm::init_process_group<dcomm::nccl_backend>(ctx.get_executor(), s, 0, 1, o);
+      co_await body(c);
+    }());
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+template <class T>
+dcomm::cuda::device_buffer<T> upload(const std::vector<T>& host) {
+  dcomm::cuda::device_buffer<T> d(host.size());
+  d.copy_from(host);
+  return d;
+}
+template <class T>
+std::vector<T> download(const dcomm::cuda::device_buffer<T>& d) {
+  std::vector<T> host(d.size());
+  d.copy_to(host);
+  return host;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+}  // namespace
+
+static_assert(dcomm::backend<dcomm::nccl_backend>);
+static_assert(!dcomm::nccl_backend::supports_bitwise_reduce);
+static_assert(!dcomm::nccl_backend::supports_custom_reduce);
+
+TEST_SUITE("nccl") {
+  TEST_CASE("every dcomm dtype maps to the NCCL type of its size and kind") {
+    using dcomm::dtype;
+    namespace n = dcomm::detail::nccl;
+    CHECK(n::data_type(dtype::int8) == ncclInt8);
+    CHECK(n::data_type(dtype::uint8) == ncclUint8);
+    CHECK(n::data_type(dtype::int32) == ncclInt32);
+    CHECK(n::data_type(dtype::int64) == ncclInt64);
+    CHECK(n::data_type(dtype::float16) == ncclFloat16);
+    CHECK(n::data_type(dtype::bfloat16) == ncclBfloat16);
+    CHECK(n::data_type(dtype::float32) == ncclFloat32);
+    CHECK(n::data_type(dtype::float64) == ncclFloat64);
+    CHECK_THROWS_AS(n::data_type(static_cast<dtype>(200)), dcomm::error);
+  }
+
+  TEST_CASE("reduce ops map to NCCL's; the others are refused with a reason") {
+    using dcomm::reduce_kind;
+    namespace n = dcomm::detail::nccl;
+    CHECK(n::reduce_op(reduce_kind::sum) == ncclSum);
+    CHECK(n::reduce_op(reduce_kind::prod) == ncclProd);
+    CHECK(n::reduce_op(reduce_kind::min) == ncclMin);
+    CHECK(n::reduce_op(reduce_kind::max) == ncclMax);
+    CHECK(n::reduce_op(reduce_kind::avg) == ncclAvg);
+    for (auto k : {reduce_kind::band, reduce_kind::bor, reduce_kind::bxor, reduce_kind::custom}) {
+      try {
+        (void)n::reduce_op(k);
+        FAIL("reduce op accepted: " << dcomm::name(k));
+      } catch (const dcomm::error& e) {
+        CHECK(e.code() == dcomm::errc::invalid_argument);
+        CHECK(contains(e.what(), std::string(dcomm::name(k))));
+      }
+    }
+  }
+
+  TEST_CASE("NCCL's errors become the dcomm errors a user acts on") {
+    namespace n = dcomm::detail::nccl;
+    CHECK(n::error_for(ncclRemoteError) == dcomm::errc::peer_lost);
+    CHECK(n::error_for(ncclInvalidArgument) == dcomm::errc::invalid_argument);
+    CHECK(n::error_for(ncclInvalidUsage) == dcomm::errc::invalid_argument);
+    CHECK(n::error_for(ncclSystemError) == dcomm::errc::device_error);
+    CHECK(n::error_for(ncclUnhandledCudaError) == dcomm::errc::device_error);
+    CHECK(contains(n::describe(ncclInvalidArgument, nullptr), "invalid argument"));
+  }
+
+  TEST_CASE("the default GPU: $LOCAL_RANK when set, else the rank, modulo the GPUs") {
+    namespace n = dcomm::detail::nccl;
+    const char* saved = std::getenv("LOCAL_RANK");
+    std::string keep = saved ? saved : "";
+    ::unsetenv("LOCAL_RANK");
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    ::unsetenv("SLURM_LOCALID");
+    CHECK(n::default_device(5, 8) == 5);
+    CHECK(n::default_device(9, 8) == 1);
+    ::setenv("LOCAL_RANK", "3", 1);
+    CHECK(n::default_device(9, 8) == 3);
+    CHECK(n::default_device(9, 2) == 1);
+    ::setenv("LOCAL_RANK", "not a number", 1);
+    CHECK(n::default_device(9, 8) == 1);
+    if (saved)
+      ::setenv("LOCAL_RANK", keep.c_str(), 1);
+    else
+      ::unsetenv("LOCAL_RANK");
+  }
+
+  TEST_CASE("without a CUDA device, init_process_group fails at once with device_error") {
+    if (dcomm::cuda::device_count() > 0) {
+      MESSAGE("a CUDA device is present: the GPU cases below run instead");
+      return;
+    }
+    // A deadline far beyond the test's own limit: only an immediate,
+    // typed refusal passes.
+    auto what = world_of_one([](nccl_comm&) -> asio::awaitable<void> { co_return; },
+                             std::chrono::minutes(10));
+    INFO(what);
+    CHECK(contains(what, "device error"));
+    CHECK(contains(what, "no CUDA device is visible"));
+    CHECK(contains(what, "rank 0"));
+  }
+
+  TEST_CASE("a world of one: every collective on device buffers, in and out of place") {
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      std::vector<float> host(1000);
+      std::iota(host.begin(), host.end(), -3.0f);
+      auto buf = upload(host);
+      co_await c.all_reduce(buf, dcomm::sum);
+      require(download(buf) == host, "all_reduce sum in place");
+      co_await c.all_reduce(buf, dcomm::avg);
+      require(download(buf) == host, "all_reduce avg in place");
+      for (int op = 0; op < 3;
+           ++op) {  // not a braced list: g++ 12 cannot keep one in a coroutine frame
+        dcomm::cuda::device_buffer<float> out(host.size());
+        if (op == 0) co_await c.all_reduce(buf, out, dcomm::max);
+        if (op == 1) co_await c.all_reduce(buf, out, dcomm::min);
+        if (op == 2) co_await c.all_reduce(buf, out, dcomm::prod);
+        require(download(out) == host, "all_reduce out of place, op " + std::to_string(op));
+      }
+      std::vector<std::int64_t> ints(7);
+      std::iota(ints.begin(), ints.end(), 1 << 20);
+      auto ibuf = upload(ints);
+      co_await c.broadcast(ibuf, 0);
+      require(download(ibuf) == ints, "broadcast");
+      dcomm::cuda::device_buffer<std::int64_t> iout(ints.size());
+      co_await c.reduce(ibuf, iout, 0, dcomm::sum);
+      require(download(iout) == ints, "reduce");
+      dcomm::cuda::device_buffer<std::int64_t> gathered(ints.size());
+      co_await c.all_gather(ibuf, gathered);
+      require(download(gathered) == ints, "all_gather");
+      co_await c.gather(ibuf, gathered, 0);
+      require(download(gathered) == ints, "gather");
+      co_await c.scatter(ibuf, gathered, 0);
+      require(download(gathered) == ints, "scatter");
+      co_await c.reduce_scatter(ibuf, gathered, dcomm::sum);
+      require(download(gathered) == ints, "reduce_scatter");
+      co_await c.all_to_all(ibuf, gathered);
+      require(download(gathered) == ints, "all_to_all");
+      co_await c.all_to_all(gathered);
+      require(download(gathered) == ints, "all_to_all in place");
+      co_await c.barrier();
+      std::vector<std::int64_t> v;
+      auto counts = co_await c.all_gather_v(ibuf, v);
+      require(counts == std::vector<std::size_t>{ints.size()} && v == ints, "all_gather_v");
+      std::vector<std::size_t> send_counts(1, ints.size());
+      counts = co_await c.all_to_all_v(ibuf, send_counts, v);
+      require(counts == std::vector<std::size_t>{ints.size()} && v == ints, "all_to_all_v");
+      dcomm::cuda::device_buffer<double> empty;
+      co_await c.all_reduce(empty, dcomm::sum);
+      std::string word = "nccl";
+      co_await c.broadcast_object(word, 0);
+      auto words = co_await c.all_gather_object(word);
+      require(words == std::vector<std::string>{"nccl"}, "all_gather_object");
+      auto part = co_await c.split(0, 0);
+      require(part.has_value() && part->size() == 1, "split");
+      co_await part->all_reduce(buf, dcomm::sum);
+      auto alone = c.new_group({0});
+      require(alone.has_value(), "new_group");
+      co_await alone->barrier();
+      require(download(buf) == host, "all_reduce on a split group");
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("every dtype through all_reduce sum, float16 and bfloat16 included") {
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      auto one = [&]<class T>(std::type_identity<T>) -> asio::awaitable<void> {
+        std::vector<T> host(33);
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = T(static_cast<float>(i % 7));
+        auto d = upload(host);
+        co_await c.all_reduce(d, dcomm::sum);
+        auto back = download(d);
+        for (std::size_t i = 0; i < host.size(); ++i)
+          require(static_cast<float>(back[i]) == static_cast<float>(host[i]),
+                  std::string(dcomm::name(dcomm::dtype_of_v<T>)));
+      };
+      co_await one(std::type_identity<std::int8_t>{});
+      co_await one(std::type_identity<std::uint8_t>{});
+      co_await one(std::type_identity<std::int32_t>{});
+      co_await one(std::type_identity<std::int64_t>{});
+      co_await one(std::type_identity<dcomm::float16>{});
+      co_await one(std::type_identity<dcomm::bfloat16>{});
+      co_await one(std::type_identity<float>{});
+      co_await one(std::type_identity<double>{});
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("stream-ordered: completes once enqueued; the stream orders the result") {
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      cudaStream_t s = nullptr;
+      dcomm::cuda::check(cudaStreamCreate(&s), "cudaStreamCreate");
+      std::vector<double> host(4096, 1.5);
+      auto buf = upload(host);
+      dcomm::cuda::device_buffer<double> out(host.size());
+      co_await c.all_reduce(buf, out, dcomm::sum, {.stream = s});
+      dcomm::cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      require(download(out) == host, "stream-ordered all_reduce");
+      (void)cudaStreamDestroy(s);
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("host memory and another GPU's memory are refused before anything is sent") {
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      std::vector<float> host(8, 1.0f);
+      try {
+        co_await c.all_reduce(host, dcomm::sum);
+        require(false, "host memory was accepted");
+      } catch (const dcomm::error& e) {
+        require(e.code() == dcomm::errc::invalid_argument && contains(e.what(), "host memory"),
+                e.what());
+      }
+      dcomm::cuda::device_span<float> elsewhere(reinterpret_cast<float*>(std::uintptr_t{0x1000}), 8,
+                                                c.backend().device() + 1);
+      try {
+        co_await c.broadcast(elsewhere, 0);
+        require(false, "another device's memory was accepted");
+      } catch (const dcomm::error& e) {
+        require(e.code() == dcomm::errc::invalid_argument && contains(e.what(), "device"),
+                e.what());
+      }
+      co_await c.barrier();  // still usable
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("abort fails what comes next with errc::aborted") {
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      co_await c.barrier();
+      c.abort();
+      try {
+        co_await c.barrier();
+        require(false, "a barrier after abort() succeeded");
+      } catch (const dcomm::error& e) {
+        require(e.code() == dcomm::errc::aborted, e.what());
+      }
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+}
