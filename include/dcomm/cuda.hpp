@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 
+#include "dcomm/detail/device_memory.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/tensor.hpp"
@@ -172,6 +173,36 @@ class device_buffer {
   std::size_t count_ = 0;
   int device_ = 0;
 };
+
+namespace detail {
+
+inline void copy_to_host(void* host, const void* data, std::size_t bytes, int device) {
+  device_guard on(device);
+  check(cudaMemcpy(host, data, bytes, cudaMemcpyDeviceToHost),
+        "cudaMemcpy of " + std::to_string(bytes) + " bytes from device " + std::to_string(device) +
+            " to host");
+}
+inline void copy_to_device(void* data, const void* host, std::size_t bytes, int device) {
+  device_guard on(device);
+  check(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice),
+        "cudaMemcpy of " + std::to_string(bytes) + " bytes from host to device " +
+            std::to_string(device));
+}
+inline void* allocate_pinned(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocHost(&p, bytes), "cudaMallocHost of " + std::to_string(bytes) + " bytes");
+  return p;
+}
+inline void free_pinned(void* p) {
+  (void)cudaFreeHost(p);
+}
+
+inline constexpr dcomm::detail::device_memory_hooks memory_hooks{&copy_to_host, &copy_to_device,
+                                                                 &allocate_pinned, &free_pinned};
+// Including this header is what lets the tcp backend take CUDA tensors.
+inline const bool memory_hooks_installed = (dcomm::detail::device_memory() = &memory_hooks, true);
+
+}  // namespace detail
 
 }  // namespace dcomm::cuda
 

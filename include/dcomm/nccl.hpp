@@ -52,6 +52,7 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/cuda.hpp"
+#include "dcomm/detail/device_memory.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/store/store.hpp"
 
@@ -163,42 +164,6 @@ inline void CUDART_CB on_gpu_done(void* p) {
   });
 }
 
-// Page-locked host blocks, kept for reuse: CUDA copies from and to them
-// without waiting on the stream (from pageable memory it may wait for the
-// stream's earlier work, which can wait on peers: the executor would stall
-// past every deadline), and cudaFreeHost may synchronize the device.
-class pinned_pool {
- public:
-  pinned_pool() = default;
-  pinned_pool(const pinned_pool&) = delete;
-  pinned_pool& operator=(const pinned_pool&) = delete;
-  ~pinned_pool() {
-    for (auto& b : free_) (void)cudaFreeHost(b.data);
-  }
-  struct block {
-    void* data = nullptr;
-    std::size_t bytes = 0;
-  };
-  block take(std::size_t bytes) {
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it)
-      if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
-    if (best != free_.end()) {
-      block b = *best;
-      free_.erase(best);
-      return b;
-    }
-    block b{nullptr, std::max<std::size_t>(bytes, 4096)};
-    cuda::check(cudaMallocHost(&b.data, b.bytes),
-                "cudaMallocHost of " + std::to_string(b.bytes) + " bytes (staging)");
-    return b;
-  }
-  void give(block b) { free_.push_back(b); }
-
- private:
-  std::vector<block> free_;
-};
-
 // Device copies of the host buffers that the front end's own calls carry
 // (split's colours, the object collectives, the _v collectives' counts and
 // host outputs), through pinned blocks, and device scratch, all in the
@@ -206,7 +171,7 @@ class pinned_pool {
 // after them (finish()), into host memory once the GPU is done (copy_back()).
 class staging {
  public:
-  staging(pinned_pool& pool, cudaStream_t stream, bool host_allowed)
+  staging(pinned_blocks& pool, cudaStream_t stream, bool host_allowed)
       : pool_(pool), stream_(stream), host_allowed_(host_allowed) {}
   staging(const staging&) = delete;
   staging& operator=(const staging&) = delete;
@@ -253,7 +218,7 @@ class staging {
   }
 
  private:
-  pinned_pool::block host_block(std::size_t bytes) {
+  pinned_blocks::block host_block(std::size_t bytes) {
     if (!host_allowed_)
       throw_error(errc::invalid_argument,
                   {.operation = "nccl_backend",
@@ -268,11 +233,11 @@ class staging {
     void* host;
     std::size_t bytes;
   };
-  pinned_pool& pool_;
+  pinned_blocks& pool_;
   cudaStream_t stream_;
   bool host_allowed_;
   std::vector<void*> device_;
-  std::vector<pinned_pool::block> pinned_;
+  std::vector<pinned_blocks::block> pinned_;
   std::vector<copy> back_;
 };
 
@@ -944,7 +909,10 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   int device_;
   options o_;
   std::map<std::uint64_t, std::unique_ptr<group>> groups_;  // by group_state::id
-  detail::nccl::pinned_pool pinned_;
+  // Page-locked blocks for staging: CUDA copies from and to them without
+  // waiting on the stream (from pageable memory it may wait for the stream's
+  // earlier work, which can wait on peers, stalling the executor).
+  detail::pinned_blocks pinned_;
   std::vector<asio::steady_timer*> sleepers_;  // timers abort_all cuts short
   std::exception_ptr failure_;                 // set: every operation fails with it
   bool released_ = false;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
+#include "dcomm/detail/device_memory.hpp"
 #include "dcomm/detail/tcp/all_gather.hpp"
 #include "dcomm/detail/tcp/all_reduce.hpp"
 #include "dcomm/detail/tcp/all_to_all.hpp"
@@ -163,15 +164,17 @@ class tcp_backend {
     asio::dispatch(ex_, [net = net_] { net->close(); });
   }
 
-  // Host memory only: CUDA tensors are refused before anything is sent.
+  // Host memory, and CUDA tensors where the program includes dcomm/cuda.hpp:
+  // those are staged through page-locked host memory (Gloo's way for GPUs
+  // without NCCL's connectivity).
   void check_tensor(const const_tensor_view& v, const char* operation) const {
-    if (v.device.type != device::kind::cpu)
+    if (v.device.type != device::kind::cpu && !detail::device_memory())
       throw_error(errc::invalid_argument,
                   {.operation = operation,
                    .expected = "a tensor in host memory",
                    .seen = "a CUDA tensor on device " + std::to_string(v.device.index),
-                   .detail = "the tcp backend takes host memory; use the nccl backend "
-                             "(dcomm/nccl.hpp) for device tensors"});
+                   .detail = "the tcp backend takes CUDA tensors only where the program includes "
+                             "dcomm/cuda.hpp (Meson's dcomm_cuda); or use the nccl backend"});
   }
   // Groups share the mesh: nothing to set up.
   void group_created(const std::shared_ptr<group_state>&, const std::shared_ptr<group_state>&, int,
@@ -179,6 +182,11 @@ class tcp_backend {
 
   // --- point to point ---
   asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
+    if (detail::on_device(in)) {
+      detail::host_staging st(pinned_);
+      co_await send(ctx, st.in(in), peer);
+      co_return;
+    }
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
     co_await c.run([&]() -> asio::awaitable<void> {
       c.send(peer, 0, in.data, in.bytes());
@@ -186,6 +194,12 @@ class tcp_backend {
     });
   }
   asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
+    if (detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      co_await recv(ctx, st.out(out, false), peer);
+      st.copy_back();
+      co_return;
+    }
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
     co_await c.run([&]() -> asio::awaitable<void> {
       c.recv(peer, 0, out.data, out.bytes());
@@ -201,6 +215,12 @@ class tcp_backend {
   }
 
   asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
+    if (detail::on_device(buf)) {
+      detail::host_staging st(pinned_);
+      co_await broadcast(ctx, st.out(buf, ctx.group->rank == root), root);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
                             "broadcast");
@@ -217,6 +237,14 @@ class tcp_backend {
 
   asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
                                int root) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      const bool in_place = in.data == out.data;
+      auto host_out = st.out(out, in_place || ctx.group->rank != root);
+      co_await reduce(ctx, in_place ? host_out : st.in(in), host_out, op, root);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
                             "reduce");
@@ -234,6 +262,14 @@ class tcp_backend {
 
   asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
                                    reducer op) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      const bool in_place = in.data == out.data;
+      auto host_out = st.out(out, in_place);
+      co_await all_reduce(ctx, in_place ? host_out : st.in(in), host_out, op);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true,
                             sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
@@ -256,6 +292,13 @@ class tcp_backend {
 
   // in: n blocks (root only); out: one block.
   asio::awaitable<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      auto host_in = st.in(in);
+      co_await scatter(ctx, host_in, st.out(out, false), root);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::scatter, out.type, out.count, root),
                             "scatter");
@@ -267,6 +310,13 @@ class tcp_backend {
 
   // in: one block; out: n blocks (root only).
   asio::awaitable<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      auto host_in = st.in(in);
+      co_await gather(ctx, host_in, st.out(out, ctx.group->rank != root), root);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::gather, in.type, in.count, root),
                             "gather");
@@ -277,6 +327,13 @@ class tcp_backend {
   }
 
   asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      auto host_in = st.in(in);
+      co_await all_gather(ctx, host_in, st.out(out, false));
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather, in.type, in.count),
                             "all_gather");
@@ -295,6 +352,13 @@ class tcp_backend {
   // in: n blocks; out: one block (may be in's block r).
   asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
                                        reducer op) {
+    if (detail::on_device(in) || detail::on_device(out)) {
+      detail::host_staging st(pinned_);
+      auto host_in = st.in(in);
+      co_await reduce_scatter(ctx, host_in, st.out(out, false), op);
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true,
                             sig(coll_op::reduce_scatter, out.type, out.count, -1, &op),
@@ -313,6 +377,13 @@ class tcp_backend {
 
   // in, out: n blocks each; they do not overlap.
   asio::awaitable<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+    if (detail::on_device(in) || detail::on_device(out)) {  // in == out: the in-place form
+      detail::host_staging st(pinned_);
+      auto host_in = st.in(in);
+      co_await all_to_all(ctx, host_in, st.out(out, false));
+      st.copy_back();
+      co_return;
+    }
     using detail::tcp_net::coll_op;
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all, in.type, in.count / n),
@@ -325,6 +396,10 @@ class tcp_backend {
 
   asio::awaitable<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
                                                          output_allocator alloc) {
+    if (detail::on_device(in)) {
+      detail::host_staging st(pinned_);
+      co_return co_await all_gather_v(ctx, st.in(in), std::move(alloc));
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather_v, in.type, 0),
                             "all_gather_v");
@@ -339,6 +414,10 @@ class tcp_backend {
   asio::awaitable<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
                                                          std::vector<std::size_t> send_counts,
                                                          output_allocator alloc) {
+    if (detail::on_device(in)) {
+      detail::host_staging st(pinned_);
+      co_return co_await all_to_all_v(ctx, st.in(in), std::move(send_counts), std::move(alloc));
+    }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all_v, in.type, 0),
                             "all_to_all_v");
@@ -409,6 +488,7 @@ class tcp_backend {
   std::shared_ptr<detail::tcp_net::transport> net_;
   options o_;
   std::map<detail::tcp_net::coll_op, algorithm> overrides_;
+  detail::pinned_blocks pinned_;  // staging for CUDA tensors
 };
 
 static_assert(backend<tcp_backend>);

@@ -1,8 +1,10 @@
-// dcomm/nccl.hpp: what needs no GPU (the mapping of dtypes, reduce ops and
-// NCCL's errors, the choice of device, a clean refusal without a device),
-// and a world of one over NCCL for every operation where a GPU is present
-// (NCCL refuses two ranks on one GPU, so the machines lent here, with one,
-// cannot run more). The GPU cases say "skipped: no CUDA device" otherwise.
+// The backends on CUDA tensors. "nccl": dcomm/nccl.hpp, what needs no GPU
+// (the mapping of dtypes, reduce ops and NCCL's errors, the choice of
+// device, a clean refusal without a device) and a world of one for every
+// operation where a GPU is present (NCCL refuses two ranks on one GPU, and
+// the machines lent here have one). "tcp cuda": CUDA tensors over the tcp
+// backend, staged through pinned host memory, several ranks sharing the GPU.
+// The cases that need a GPU say "skipped: no CUDA device" otherwise.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -13,12 +15,16 @@
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/cuda.hpp"
-#include "dcomm/nccl.hpp"
 #include "dcomm/store/hash_store.hpp"
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+#if DCOMM_HAS_NCCL
+#include "dcomm/nccl.hpp"
+#endif
+
+using namespace std::chrono_literals;
 
 namespace {
-
-using nccl_comm = dcomm::communicator<dcomm::nccl_backend>;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -29,6 +35,26 @@ bool gpu_present() {
   MESSAGE("skipped: no CUDA device");
   return false;
 }
+
+template <class T>
+dcomm::cuda::device_buffer<T> upload(const std::vector<T>& host) {
+  dcomm::cuda::device_buffer<T> d(host.size());
+  d.copy_from(host);
+  return d;
+}
+template <class T>
+std::vector<T> download(const dcomm::cuda::device_buffer<T>& d) {
+  std::vector<T> host(d.size());
+  d.copy_to(host);
+  return host;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+#if DCOMM_HAS_NCCL
+using nccl_comm = dcomm::communicator<dcomm::nccl_backend>;
 
 // Runs body on a world of one over NCCL; returns the error message, or ""
 // when it succeeded.
@@ -50,31 +76,133 @@ std::string world_of_one(Body body, std::chrono::milliseconds timeout = std::chr
   return "";
 }
 
-template <class T>
-dcomm::cuda::device_buffer<T> upload(const std::vector<T>& host) {
-  dcomm::cuda::device_buffer<T> d(host.size());
-  d.copy_from(host);
-  return d;
-}
-template <class T>
-std::vector<T> download(const dcomm::cuda::device_buffer<T>& d) {
-  std::vector<T> host(d.size());
-  d.copy_to(host);
-  return host;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+#endif
 
 }  // namespace
 
+TEST_SUITE("tcp cuda") {
+  TEST_CASE(
+      "with dcomm/cuda.hpp the tcp backend takes CUDA tensors; a failed copy is device_error") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (dcomm::cuda::device_count() > 0) {
+      MESSAGE("a CUDA device is present: the staged collectives below run instead");
+      return;
+    }
+    // No device: staging fails, typed, before anything is sent.
+    DCOMM_REQUIRE_WORLD(1, [](dcomm::test::comm& c, int) -> asio::awaitable<void> {
+      dcomm::cuda::device_span<float> fake(reinterpret_cast<float*>(std::uintptr_t{0x1000}), 4, 0);
+      try {
+        co_await c.all_reduce(fake, dcomm::sum);
+        dcomm::test::require(false, "a copy from a device that is not there succeeded");
+      } catch (const dcomm::error& e) {
+        dcomm::test::require(e.code() == dcomm::errc::device_error, e.what());
+        // The staging names the CUDA call that failed (the pinned buffer's, first).
+        dcomm::test::require(
+            contains(e.what(), "cudaMallocHost") || contains(e.what(), "cudaMemcpy"), e.what());
+      }
+    });
+  }
+
+  TEST_CASE("three ranks on one GPU: every collective and send/recv on device buffers") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (!gpu_present()) return;
+    DCOMM_REQUIRE_WORLD(3, [](dcomm::test::comm& c, int r) -> asio::awaitable<void> {
+      using dcomm::test::require;
+      const int n = c.size();
+      const std::size_t count = 1001;  // not a multiple of the world
+      auto pattern = [](int rank, std::size_t i) {
+        return static_cast<std::int64_t>(rank * 1000003 + static_cast<int>(i));
+      };
+      std::vector<std::int64_t> mine(count);
+      for (std::size_t i = 0; i < count; ++i) mine[i] = pattern(r, i);
+      std::vector<std::int64_t> sum(count);
+      for (std::size_t i = 0; i < count; ++i)
+        for (int q = 0; q < n; ++q) sum[i] += pattern(q, i);
+
+      auto buf = upload(mine);
+      co_await c.all_reduce(buf, dcomm::sum);  // in place; large enough for the ring
+      require(download(buf) == sum, "all_reduce in place");
+      auto in = upload(mine);
+      dcomm::cuda::device_buffer<std::int64_t> out(count);
+      co_await c.all_reduce(in, out, dcomm::sum);
+      require(download(out) == sum, "all_reduce out of place");
+      require(download(in) == mine, "all_reduce left its input alone");
+
+      auto b = upload(r == 1 ? mine : std::vector<std::int64_t>(count, -1));
+      co_await c.broadcast(b, 1);
+      std::vector<std::int64_t> from1(count);
+      for (std::size_t i = 0; i < count; ++i) from1[i] = pattern(1, i);
+      require(download(b) == from1, "broadcast");
+
+      auto red = upload(std::vector<std::int64_t>(count, 7));
+      co_await c.reduce(in, red, 2, dcomm::sum);
+      require(download(red) == (r == 2 ? sum : std::vector<std::int64_t>(count, 7)),
+              "reduce: the root has the sum, the others' output is untouched");
+
+      dcomm::cuda::device_buffer<std::int64_t> all(count * 3);
+      co_await c.all_gather(in, all);
+      auto gathered = download(all);
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i)
+          require(gathered[std::size_t(q) * count + i] == pattern(q, i), "all_gather");
+
+      dcomm::cuda::device_buffer<std::int64_t> part(count);
+      co_await c.reduce_scatter(all, part, dcomm::sum);  // every block summed over 3 ranks
+      auto got = download(part);
+      for (std::size_t i = 0; i < count; ++i)
+        require(got[i] == 3 * pattern(r, i), "reduce_scatter");
+
+      co_await c.scatter(all, part, 0);
+      got = download(part);
+      for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(r, i), "scatter");
+
+      auto g = upload(std::vector<std::int64_t>(count * 3, -5));
+      co_await c.gather(in, g, 0);
+      auto gv = download(g);
+      if (r == 0)
+        require(gv == gathered, "gather at the root");
+      else
+        require(gv == std::vector<std::int64_t>(count * 3, -5), "gather left the others alone");
+
+      // all_to_all in place: block j of rank i goes to block i of rank j.
+      std::vector<std::int64_t> blocks(count * 3);
+      for (int j = 0; j < n; ++j)
+        for (std::size_t i = 0; i < count; ++i)
+          blocks[std::size_t(j) * count + i] = pattern(r, i) * 10 + j;
+      auto a2a = upload(blocks);
+      co_await c.all_to_all(a2a);
+      auto av = download(a2a);
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i)
+          require(av[std::size_t(q) * count + i] == pattern(q, i) * 10 + r, "all_to_all in place");
+
+      std::vector<std::int64_t> v;
+      auto counts = co_await c.all_gather_v(in, v);
+      require(counts == std::vector<std::size_t>(3, count) && v == gathered, "all_gather_v");
+
+      // send/recv around the ring, into device memory.
+      auto next = (r + 1) % n, prev = (r + n - 1) % n;
+      dcomm::cuda::device_buffer<std::int64_t> incoming(count);
+      auto req = c.irecv(incoming, prev, 3);
+      co_await c.send(in, next, 3);
+      co_await req.async_wait();
+      got = download(incoming);
+      for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(prev, i), "send/recv");
+
+      dcomm::cuda::device_buffer<float> empty;
+      co_await c.all_reduce(empty, dcomm::sum);
+    });
+  }
+}
+
+#if DCOMM_HAS_NCCL
 static_assert(dcomm::backend<dcomm::nccl_backend>);
 static_assert(!dcomm::nccl_backend::supports_bitwise_reduce);
 static_assert(!dcomm::nccl_backend::supports_custom_reduce);
 
 TEST_SUITE("nccl") {
   TEST_CASE("every dcomm dtype maps to the NCCL type of its size and kind") {
+    DCOMM_TEST_DEADLINE(120s);
     using dcomm::dtype;
     namespace n = dcomm::detail::nccl;
     CHECK(n::data_type(dtype::int8) == ncclInt8);
@@ -89,6 +217,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("reduce ops map to NCCL's; the others are refused with a reason") {
+    DCOMM_TEST_DEADLINE(120s);
     using dcomm::reduce_kind;
     namespace n = dcomm::detail::nccl;
     CHECK(n::reduce_op(reduce_kind::sum) == ncclSum);
@@ -108,6 +237,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("NCCL's errors become the dcomm errors a user acts on") {
+    DCOMM_TEST_DEADLINE(120s);
     namespace n = dcomm::detail::nccl;
     CHECK(n::error_for(ncclRemoteError) == dcomm::errc::peer_lost);
     CHECK(n::error_for(ncclInvalidArgument) == dcomm::errc::invalid_argument);
@@ -118,6 +248,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("the default GPU: $LOCAL_RANK when set, else the rank, modulo the GPUs") {
+    DCOMM_TEST_DEADLINE(120s);
     namespace n = dcomm::detail::nccl;
     const char* saved = std::getenv("LOCAL_RANK");
     std::string keep = saved ? saved : "";
@@ -138,6 +269,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("without a CUDA device, init_process_group fails at once with device_error") {
+    DCOMM_TEST_DEADLINE(120s);
     if (dcomm::cuda::device_count() > 0) {
       MESSAGE("a CUDA device is present: the GPU cases below run instead");
       return;
@@ -153,6 +285,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("a world of one: every collective on device buffers, in and out of place") {
+    DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
     auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
       std::vector<float> host(1000);
@@ -217,6 +350,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("every dtype through all_reduce sum, float16 and bfloat16 included") {
+    DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
     auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
       auto one = [&]<class T>(std::type_identity<T>) -> asio::awaitable<void> {
@@ -243,6 +377,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("stream-ordered: completes once enqueued; the stream orders the result") {
+    DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
     auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
       cudaStream_t s = nullptr;
@@ -260,6 +395,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("host memory and another GPU's memory are refused before anything is sent") {
+    DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
     auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
       std::vector<float> host(8, 1.0f);
@@ -286,6 +422,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("abort fails what comes next with errc::aborted") {
+    DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
     auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
       co_await c.barrier();
@@ -301,3 +438,4 @@ TEST_SUITE("nccl") {
     CHECK(what.empty());
   }
 }
+#endif  // DCOMM_HAS_NCCL

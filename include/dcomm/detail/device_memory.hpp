@@ -1,0 +1,124 @@
+// How backends that work in host memory (tcp) reach CUDA tensors without
+// including CUDA: dcomm/cuda.hpp fills these hooks in when a program
+// includes it (and so links the CUDA runtime). Without them, CUDA tensors
+// are refused with a message that says what to include.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "dcomm/tensor.hpp"
+
+namespace dcomm::detail {
+
+struct device_memory_hooks {
+  // Synchronous copies between host memory and GPU `device`'s memory.
+  void (*to_host)(void* host, const void* device_data, std::size_t bytes, int device) = nullptr;
+  void (*to_device)(void* device_data, const void* host, std::size_t bytes, int device) = nullptr;
+  // Page-locked host memory, which the GPU copies at full speed.
+  void* (*allocate_pinned)(std::size_t bytes) = nullptr;
+  void (*free_pinned)(void* p) = nullptr;
+};
+
+inline const device_memory_hooks*& device_memory() noexcept {
+  static const device_memory_hooks* hooks = nullptr;
+  return hooks;
+}
+
+template <class View>
+bool on_device(const View& v) noexcept {
+  return v.device.type == device::kind::cuda && v.bytes() != 0;
+}
+
+// Page-locked host blocks kept for reuse by one backend, on its executor:
+// cudaMallocHost is slow and cudaFreeHost may wait for the whole device.
+class pinned_blocks {
+ public:
+  struct block {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  pinned_blocks() = default;
+  pinned_blocks(const pinned_blocks&) = delete;
+  pinned_blocks& operator=(const pinned_blocks&) = delete;
+  ~pinned_blocks() {
+    for (auto& b : free_) device_memory()->free_pinned(b.data);
+  }
+  block take(std::size_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+    if (best != free_.end()) {
+      block b = *best;
+      free_.erase(best);
+      return b;
+    }
+    std::size_t size = 4096;
+    while (size < bytes) size *= 2;
+    return {device_memory()->allocate_pinned(size), size};
+  }
+  void give(block b) {
+    free_.push_back(b);
+    if (free_.size() > max_spare) {  // the smallest goes: large operations keep theirs
+      auto smallest = std::min_element(free_.begin(), free_.end(),
+                                       [](auto& x, auto& y) { return x.bytes < y.bytes; });
+      device_memory()->free_pinned(smallest->data);
+      free_.erase(smallest);
+    }
+  }
+
+ private:
+  static constexpr std::size_t max_spare = 8;
+  std::vector<block> free_;
+};
+
+// Host copies of one operation's CUDA tensors: inputs copied from the GPU
+// when staged, outputs copied back by copy_back() once the operation has
+// succeeded. The copies are synchronous (cudaMemcpy), in the order of the
+// legacy default stream: work queued there before the call is in the data.
+class host_staging {
+ public:
+  explicit host_staging(pinned_blocks& pool) : pool_(pool) {}
+  host_staging(const host_staging&) = delete;
+  host_staging& operator=(const host_staging&) = delete;
+  ~host_staging() {
+    for (auto& b : taken_) pool_.give(b);
+  }
+  const_tensor_view in(const const_tensor_view& v) {
+    if (!on_device(v)) return v;
+    auto b = take(v.bytes());
+    device_memory()->to_host(b.data, v.data, v.bytes(), v.device.index);
+    return {b.data, v.count, v.type, device::cpu()};
+  }
+  // `initial`: with the tensor's contents (in place, or parts the
+  // operation leaves alone on this rank).
+  tensor_view out(const tensor_view& v, bool initial) {
+    if (!on_device(v)) return v;
+    auto b = take(v.bytes());
+    if (initial) device_memory()->to_host(b.data, v.data, v.bytes(), v.device.index);
+    back_.push_back({v.data, b.data, v.bytes(), v.device.index});
+    return {b.data, v.count, v.type, device::cpu()};
+  }
+  void copy_back() {
+    for (auto& c : back_) device_memory()->to_device(c.device_data, c.host, c.bytes, c.device);
+    back_.clear();
+  }
+
+ private:
+  pinned_blocks::block take(std::size_t bytes) {
+    taken_.push_back(pool_.take(bytes));
+    return taken_.back();
+  }
+  struct copy {
+    void* device_data;
+    const void* host;
+    std::size_t bytes;
+    int device;
+  };
+  pinned_blocks& pool_;
+  std::vector<pinned_blocks::block> taken_;
+  std::vector<copy> back_;
+};
+
+}  // namespace dcomm::detail
