@@ -319,6 +319,13 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   int world_size() const { return world_; }
   // The GPU this rank's communicators use.
   int device() const { return device_; }
+  // The world group's NCCL communicator and the stream its awaited
+  // operations run on, for NCCL calls of your own (benchmarks, kernels
+  // dcomm lacks). Call them on the backend's executor while no dcomm
+  // operation is pending, in the same order on every rank. Null once the
+  // communicator is aborted or closed.
+  ncclComm_t native_handle() const { return groups_.at(0)->comm; }
+  cudaStream_t native_stream() const { return groups_.at(0)->stream; }
 
   // Aborts every NCCL communicator (ncclCommAbort) and fails every pending
   // and future operation with errc::aborted. Thread-safe.
