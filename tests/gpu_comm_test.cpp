@@ -303,6 +303,13 @@ TEST_SUITE("nccl") {
         if (op == 2) co_await c.all_reduce(buf, out, dcomm::prod);
         require(download(out) == host, "all_reduce out of place, op " + std::to_string(op));
       }
+      {  // NCCL's pre-multiplied sum, made per call with its factor
+        dcomm::cuda::device_buffer<float> out(host.size());
+        co_await c.all_reduce(buf, out, dcomm::premul_sum(0.5));
+        std::vector<float> half(host);
+        for (auto& x : half) x *= 0.5f;
+        require(download(out) == half, "all_reduce premul_sum(0.5)");
+      }
       std::vector<std::int64_t> ints(7);
       std::iota(ints.begin(), ints.end(), 1 << 20);
       auto ibuf = upload(ints);

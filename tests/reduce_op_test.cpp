@@ -23,9 +23,10 @@ using dcomm::dtype;
 using dcomm::float16;
 using dcomm::reduce_kind;
 
-constexpr reduce_kind all_kinds[] = {reduce_kind::sum, reduce_kind::prod, reduce_kind::min,
-                                     reduce_kind::max, reduce_kind::avg,  reduce_kind::band,
-                                     reduce_kind::bor, reduce_kind::bxor, reduce_kind::custom};
+constexpr reduce_kind all_kinds[] = {reduce_kind::sum,       reduce_kind::prod, reduce_kind::min,
+                                     reduce_kind::max,       reduce_kind::avg,  reduce_kind::band,
+                                     reduce_kind::bor,       reduce_kind::bxor, reduce_kind::custom,
+                                     reduce_kind::premul_sum};
 constexpr dtype all_dtypes[] = {dtype::int8,    dtype::uint8,    dtype::int32,   dtype::int64,
                                 dtype::float16, dtype::bfloat16, dtype::float32, dtype::float64};
 
@@ -146,6 +147,7 @@ T expected(reduce_kind k, T x, T y) {
     switch (k) {
       case reduce_kind::sum:
       case reduce_kind::avg:
+      case reduce_kind::premul_sum:  // the factor comes once, at the end
         return round_to<T>(a + b);
       case reduce_kind::prod:
         return round_to<T>(a * b);
@@ -221,6 +223,9 @@ TEST_CASE("reduce tags and kinds") {
   static_assert(dcomm::reduce_kind_of_v<dcomm::band_t> == reduce_kind::band);
   static_assert(dcomm::reduce_kind_of_v<dcomm::bor_t> == reduce_kind::bor);
   static_assert(dcomm::reduce_kind_of_v<dcomm::bxor_t> == reduce_kind::bxor);
+  static_assert(dcomm::reduce_kind_of_v<decltype(dcomm::premul_sum(0.5))> ==
+                reduce_kind::premul_sum);
+  static_assert(dcomm::premul_sum(0.25).factor == 0.25);
   static_assert(dcomm::reduce_kind_of_v<scaled_add> == reduce_kind::custom);
   static_assert(dcomm::reduce_kind_of_v<std::plus<>> == reduce_kind::custom);
   constexpr auto lambda = [](int a, int b) { return a + b; };
@@ -229,6 +234,10 @@ TEST_CASE("reduce tags and kinds") {
   CHECK(dcomm::name(reduce_kind::sum) == "sum");
   CHECK(dcomm::name(reduce_kind::band) == "band");
   CHECK(dcomm::name(reduce_kind::custom) == "custom");
+  CHECK(dcomm::name(reduce_kind::premul_sum) == "premul_sum");
+  // Kinds travel between ranks: appended, never renumbered.
+  static_assert(static_cast<int>(reduce_kind::custom) == 8);
+  static_assert(static_cast<int>(reduce_kind::premul_sum) == 9);
   CHECK(dcomm::name(static_cast<reduce_kind>(99)) == "unknown");
 }
 
@@ -250,6 +259,7 @@ TEST_CASE_TEMPLATE("reduce_op_for per element type", T, std::int8_t, std::uint8_
   static_assert(dcomm::reduce_op_for<dcomm::max_t, T>);
   static_assert(dcomm::reduce_op_for<const dcomm::sum_t&, const T>);
   static_assert(dcomm::reduce_op_for<dcomm::avg_t, T> == !integral);
+  static_assert(dcomm::reduce_op_for<dcomm::premul_sum_t, T> == !integral);
   static_assert(dcomm::reduce_op_for<dcomm::band_t, T> == integral);
   static_assert(dcomm::reduce_op_for<dcomm::bor_t, T> == integral);
   static_assert(dcomm::reduce_op_for<dcomm::bxor_t, T> == integral);
@@ -305,6 +315,7 @@ TEST_CASE_TEMPLATE("reduce_into: every builtin op on every pair of samples", T, 
     check_op_on_all_pairs<T>(dcomm::bxor);
   } else {
     check_op_on_all_pairs<T>(dcomm::avg);
+    check_op_on_all_pairs<T>(dcomm::premul_sum(0.5));
   }
 }
 
@@ -458,6 +469,23 @@ TEST_CASE("user functors are applied elementwise") {
   CHECK(u == std::vector<std::uint8_t>{0xff, 0x1e});
 }
 
+TEST_CASE("premul_sum = sum then scale_by its factor, typed and at run time") {
+  std::vector<double> acc = {1.0, 2.0, -4.0};
+  const std::vector<double> r1 = {2.0, 2.0, 0.5};
+  const auto op = dcomm::premul_sum(0.25);
+  dcomm::reduce_into(op, acc.data(), r1.data(), 3);  // the factor plays no part here
+  CHECK(acc == std::vector<double>{3.0, 4.0, -3.5});
+  dcomm::scale_by(acc.data(), acc.size(), op.factor);
+  CHECK(acc == std::vector<double>{0.75, 1.0, -0.875});
+  std::vector<bfloat16> h = {bfloat16(3.0f), bfloat16(-8.0f)};
+  dcomm::scale_by(dtype::bfloat16, h.data(), h.size(), 0.5);
+  CHECK(static_cast<float>(h[0]) == 1.5f);
+  CHECK(static_cast<float>(h[1]) == -4.0f);
+  std::vector<std::int32_t> ints = {1, 2};
+  CHECK_THROWS_AS(dcomm::scale_by(dtype::int32, ints.data(), ints.size(), 0.5), dcomm::error);
+  CHECK(ints == std::vector<std::int32_t>{1, 2});
+}
+
 TEST_CASE("supports() and the runtime check_reduce_op") {
   for (reduce_kind k : all_kinds) {
     for (dtype t : all_dtypes) {
@@ -468,7 +496,7 @@ TEST_CASE("supports() and the runtime check_reduce_op") {
       bool want = true;
       if (k == reduce_kind::band || k == reduce_kind::bor || k == reduce_kind::bxor)
         want = !floating;
-      else if (k == reduce_kind::avg)
+      else if (k == reduce_kind::avg || k == reduce_kind::premul_sum)
         want = floating;
       else if (k == reduce_kind::custom)
         want = false;

@@ -52,6 +52,10 @@ std::vector<T> inputs(int r, std::size_t count, dcomm::reduce_kind k, std::size_
   return v;
 }
 
+// premul_sum's factor in these tests: a power of two, so that the scaled
+// sums stay exact in every floating type.
+constexpr double premul_factor = 0.25;
+
 template <class T>
 T expected(int world, std::size_t i, dcomm::reduce_kind k) {
   using K = dcomm::reduce_kind;
@@ -87,6 +91,12 @@ T expected(int world, std::size_t i, dcomm::reduce_kind k) {
       result = T(static_cast<float>(result) / static_cast<float>(world));
     else if constexpr (std::is_floating_point_v<T>)
       result = result / static_cast<T>(world);
+  }
+  if (k == K::premul_sum) {  // the tests' factor is premul_factor
+    if constexpr (dcomm::detail::is_half<T>)
+      result = T(static_cast<float>(result) * static_cast<float>(premul_factor));
+    else if constexpr (std::is_floating_point_v<T>)
+      result = result * static_cast<T>(premul_factor);
   }
   return result;
 }
@@ -148,6 +158,7 @@ asio::awaitable<void> reductions(comm& c, std::size_t count, dcomm::op_options o
   co_await all_reduce_case<T>(c, count, dcomm::max, o);
   if constexpr (dcomm::is_floating(dcomm::dtype_of_v<T>)) {
     co_await all_reduce_case<T>(c, count, dcomm::avg, o);
+    co_await all_reduce_case<T>(c, count, dcomm::premul_sum(premul_factor), o);
   } else {
     co_await all_reduce_case<T>(c, count, dcomm::band, o);
     co_await all_reduce_case<T>(c, count, dcomm::bor, o);

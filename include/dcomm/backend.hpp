@@ -89,9 +89,17 @@ struct reducer {
   void combine(void* inout, const void* in, std::size_t n) const {
     if (n) combine_fn(*this, inout, in, n);
   }
-  // avg is a sum divided once, at the end, by the number of ranks.
+  // avg is a sum divided once, at the end, by the number of ranks;
+  // premul_sum a sum scaled once, at the end, by its factor.
   void finish(void* inout, std::size_t n, int ranks) const {
     if (kind == reduce_kind::avg && n) divide_by(type, inout, n, ranks);
+    if (kind == reduce_kind::premul_sum && n) scale_by(type, inout, n, factor());
+  }
+  // premul_sum's factor (the op lives where the reducer was made).
+  double factor() const {
+    return kind == reduce_kind::premul_sum && state
+               ? static_cast<const premul_sum_t*>(state)->factor
+               : 1.0;
   }
 };
 
@@ -119,10 +127,13 @@ reducer make_reducer(const Op& op) {
           &op};
 }
 
-// A reducer for a dtype known at run time (builtin ops only).
-inline reducer make_reducer(reduce_kind kind, dtype type) {
+// A reducer for a dtype known at run time (builtin ops only); op must
+// outlive it (premul_sum's factor is referenced).
+template <class Op>
+reducer make_reducer(const Op& op, dtype type) {
+  constexpr reduce_kind kind = reduce_kind_of_v<Op>;
   check_reduce_op(kind, type);
-  return {kind, type, &detail::runtime_combine, nullptr};
+  return {kind, type, &detail::runtime_combine, &op};
 }
 
 // A group of ranks as every backend sees it: its members as global ranks,

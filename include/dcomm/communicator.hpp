@@ -1034,7 +1034,7 @@ class communicator {
   static asio::awaitable<void> run_reduction(Backend& b, op_context c, Op op, dtype type, F f) {
     reducer r;
     if constexpr (std::is_void_v<E>)
-      r = make_reducer(reduce_kind_of_v<Op>, type);
+      r = make_reducer(op, type);  // refers to `op`, alive in this frame
     else
       r = make_reducer<E>(op);  // refers to `op`, alive in this frame
     co_await f(b, c, r);

@@ -87,7 +87,7 @@ inline ncclDataType_t data_type(dtype t) {
 
 // The bitwise ops and custom functors never get here: the front end
 // rejects them at compile time (supports_bitwise_reduce and
-// supports_custom_reduce are false), and make_reducer(kind, dtype) checks
+// supports_custom_reduce are false), and make_reducer(op, dtype) checks
 // the rest.
 inline ncclRedOp_t reduce_op(reduce_kind k) {
   switch (k) {
@@ -107,7 +107,9 @@ inline ncclRedOp_t reduce_op(reduce_kind k) {
   throw_error(errc::invalid_argument,
               {.operation = "nccl_backend",
                .seen = std::string(name(k)),
-               .detail = "NCCL reduces with sum, prod, min, max and avg only"});
+               .detail = k == reduce_kind::premul_sum
+                             ? "premul_sum is made per call, with its factor (staging::reduce_op)"
+                             : "NCCL reduces with sum, prod, min, max, avg and premul_sum only"});
 }
 
 // NCCL's result as the dcomm error a user can act on.
@@ -178,6 +180,31 @@ class staging {
   ~staging() {
     for (void* p : device_) (void)cudaFreeAsync(p, stream_);  // after the work, in stream order
     for (auto& b : pinned_) pool_.give(b);
+    // NCCL keeps an operator alive for the calls already given it.
+    for (auto& [op, comm] : made_ops_) (void)ncclRedOpDestroy(op, comm);
+  }
+  // NCCL's operator for r; premul_sum's is made for this call, with the
+  // factor converted to the element type, as NCCL wants it.
+  ncclRedOp_t reduce_op(const reducer& r, ncclComm_t comm) {
+    if (r.kind != reduce_kind::premul_sum) return nccl::reduce_op(r.kind);
+    ncclRedOp_t op{};
+    ncclResult_t made = ncclInvalidArgument;
+    visit_dtype(r.type, [&]<class T>(std::type_identity<T>) {
+      if constexpr (dcomm::detail::is_floating_element<T>) {
+        T scalar{};
+        if constexpr (dcomm::detail::is_half<T>)
+          scalar = T(static_cast<float>(r.factor()));
+        else
+          scalar = static_cast<T>(r.factor());
+        made = ncclRedOpCreatePreMulSum(&op, &scalar, data_type(r.type), ncclScalarHostImmediate,
+                                        comm);
+      }
+    });
+    if (made != ncclSuccess)
+      throw_error(error_for(made),
+                  {.operation = "ncclRedOpCreatePreMulSum", .detail = describe(made, comm)});
+    made_ops_.emplace_back(op, comm);
+    return op;
   }
   // A device pointer with v's contents.
   const void* in(const const_tensor_view& v) {
@@ -239,6 +266,7 @@ class staging {
   std::vector<void*> device_;
   std::vector<pinned_blocks::block> pinned_;
   std::vector<copy> back_;
+  std::vector<std::pair<ncclRedOp_t, ncclComm_t>> made_ops_;
 };
 
 }  // namespace detail::nccl
@@ -405,7 +433,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       const void* src = st.in(in);
       void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
       return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
-                        detail::nccl::reduce_op(r.kind), root, g.comm, s);
+                        st.reduce_op(r, g.comm), root, g.comm, s);
     });
   }
   asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
@@ -415,7 +443,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       void* dst = st.out(out, in_place);
       const void* src = in_place ? dst : st.in(in);
       return ncclAllReduce(src, dst, in.count, detail::nccl::data_type(in.type),
-                           detail::nccl::reduce_op(r.kind), g.comm, s);
+                           st.reduce_op(r, g.comm), g.comm, s);
     });
   }
   asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
@@ -428,7 +456,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                                        reducer r) {
     co_await run(ctx, "reduce_scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       return ncclReduceScatter(st.in(in), st.out(out), out.count, detail::nccl::data_type(out.type),
-                               detail::nccl::reduce_op(r.kind), g.comm, s);
+                               st.reduce_op(r, g.comm), g.comm, s);
     });
   }
 

@@ -11,6 +11,9 @@
 //    result does not depend on the order in which ranks are combined;
 //  * avg combines as sum; dividing by the world size is done once at the
 //    end by the backend (divide_by);
+//  * premul_sum(f) (NCCL's pre-multiplied sum: the sum of f * x over the
+//    ranks) combines as sum, and the backend multiplies by f once at the
+//    end (scale_by), which rounds like f * sum(x); floating types only;
 //  * band, bor, bxor: integral types only.
 #pragma once
 
@@ -49,8 +52,28 @@ inline constexpr band_t band{};
 inline constexpr bor_t bor{};
 inline constexpr bxor_t bxor{};
 
+// The sum of factor * x over the ranks (NCCL's ncclRedOpCreatePreMulSum),
+// e.g. premul_sum(1.0 / world) for an average with a divisor of your own.
+struct premul_sum_t {
+  double factor = 1.0;
+};
+constexpr premul_sum_t premul_sum(double factor) noexcept {
+  return {factor};
+}
+
 // The numeric values may travel between ranks: append, never reorder.
-enum class reduce_kind : std::uint8_t { sum, prod, min, max, avg, band, bor, bxor, custom };
+enum class reduce_kind : std::uint8_t {
+  sum,
+  prod,
+  min,
+  max,
+  avg,
+  band,
+  bor,
+  bxor,
+  custom,
+  premul_sum
+};
 
 constexpr std::string_view name(reduce_kind k) noexcept {
   switch (k) {
@@ -72,6 +95,8 @@ constexpr std::string_view name(reduce_kind k) noexcept {
       return "bxor";
     case reduce_kind::custom:
       return "custom";
+    case reduce_kind::premul_sum:
+      return "premul_sum";
   }
   return "unknown";
 }
@@ -98,6 +123,13 @@ template <>
 inline constexpr reduce_kind reduce_kind_of<bor_t> = reduce_kind::bor;
 template <>
 inline constexpr reduce_kind reduce_kind_of<bxor_t> = reduce_kind::bxor;
+template <>
+inline constexpr reduce_kind reduce_kind_of<premul_sum_t> = reduce_kind::premul_sum;
+
+// Combined as a sum; finished once at the end (a division, a scaling).
+constexpr bool is_finished_sum(reduce_kind k) noexcept {
+  return k == reduce_kind::avg || k == reduce_kind::premul_sum;
+}
 
 constexpr bool is_bitwise(reduce_kind k) noexcept {
   return k == reduce_kind::band || k == reduce_kind::bor || k == reduce_kind::bxor;
@@ -124,9 +156,9 @@ template <class Op, class T>
 concept reduce_op_for = element_type<T> &&
     (reduce_kind_of_v<Op> == reduce_kind::custom
          ? detail::custom_op_for<std::remove_cvref_t<Op>, std::remove_cv_t<T>>
-     : detail::is_bitwise(reduce_kind_of_v<Op>) ? is_integral(dtype_of_v<T>)
-     : reduce_kind_of_v<Op> == reduce_kind::avg ? is_floating(dtype_of_v<T>)
-                                                : true);
+     : detail::is_bitwise(reduce_kind_of_v<Op>)      ? is_integral(dtype_of_v<T>)
+     : detail::is_finished_sum(reduce_kind_of_v<Op>) ? is_floating(dtype_of_v<T>)
+                                                     : true);
 
 // Compile-time check with a message that says what to do; use it where a
 // collective accepts (Op, T) so the user sees this rather than a failed
@@ -149,6 +181,8 @@ constexpr void check_reduce_op() {
       static_assert(is_floating(t),
                     "dcomm: avg needs a floating-point element type (use sum and divide for "
                     "integers)");
+    } else if constexpr (k == reduce_kind::premul_sum) {
+      static_assert(is_floating(t), "dcomm: premul_sum needs a floating-point element type");
     }
   }
 }
@@ -164,6 +198,7 @@ constexpr bool supports(reduce_kind k, dtype t) noexcept {
     case reduce_kind::max:
       return true;
     case reduce_kind::avg:
+    case reduce_kind::premul_sum:
       return is_floating(t);
     case reduce_kind::band:
     case reduce_kind::bor:
@@ -184,6 +219,8 @@ inline void check_reduce_op(reduce_kind k, dtype t) {
     why = "bitwise reduce ops (band, bor, bxor) need an integral element type";
   else if (k == reduce_kind::avg)
     why = "avg needs a floating-point element type (use sum and divide for integers)";
+  else if (k == reduce_kind::premul_sum)
+    why = "premul_sum needs a floating-point element type";
   else if (k == reduce_kind::custom)
     why = "a custom op needs the static element type; dispatch with visit_dtype";
   else
@@ -229,7 +266,7 @@ void reduce_into(const Op& op, T* inout, const std::type_identity_t<T>* in, std:
       for (std::size_t i = 0; i < n; ++i) {
         const float a = static_cast<float>(inout[i]);
         const float b = static_cast<float>(in[i]);
-        if constexpr (k == reduce_kind::sum || k == reduce_kind::avg)
+        if constexpr (k == reduce_kind::sum || detail::is_finished_sum(k))
           inout[i] = T(a + b);
         else if constexpr (k == reduce_kind::prod)
           inout[i] = T(a * b);
@@ -242,7 +279,7 @@ void reduce_into(const Op& op, T* inout, const std::type_identity_t<T>* in, std:
       for (std::size_t i = 0; i < n; ++i) {
         const T a = inout[i];
         const T b = in[i];
-        if constexpr (k == reduce_kind::sum || k == reduce_kind::avg)
+        if constexpr (k == reduce_kind::sum || detail::is_finished_sum(k))
           inout[i] = a + b;
         else if constexpr (k == reduce_kind::prod)
           inout[i] = a * b;
@@ -293,6 +330,19 @@ void divide_by(T* inout, std::size_t n, int world) {
   }
 }
 
+// The final step of premul_sum: inout[i] *= factor, rounded once.
+template <class T>
+void scale_by(T* inout, std::size_t n, double factor) {
+  static_assert(detail::is_floating_element<T>, "dcomm: premul_sum needs a floating-point type");
+  if constexpr (detail::is_half<T>) {
+    const float f = static_cast<float>(factor);
+    for (std::size_t i = 0; i < n; ++i) inout[i] = T(static_cast<float>(inout[i]) * f);
+  } else {
+    const T f = static_cast<T>(factor);
+    for (std::size_t i = 0; i < n; ++i) inout[i] *= f;
+  }
+}
+
 namespace detail {
 template <class F>
 void visit_reduce_kind(reduce_kind k, F&& f) {
@@ -313,6 +363,8 @@ void visit_reduce_kind(reduce_kind k, F&& f) {
       return f(bor);
     case reduce_kind::bxor:
       return f(bxor);
+    case reduce_kind::premul_sum:
+      return f(premul_sum_t{});  // the combine is a sum; the factor comes at the end
     case reduce_kind::custom:
       break;
   }
@@ -337,6 +389,15 @@ inline void divide_by(dtype t, void* inout, std::size_t n, int world) {
   check_reduce_op(reduce_kind::avg, t);
   visit_dtype(t, [&]<class T>(std::type_identity<T>) {
     if constexpr (detail::is_floating_element<T>) divide_by(static_cast<T*>(inout), n, world);
+  });
+}
+
+// Runtime-typed scale_by; throws errc::invalid_argument for a non-floating
+// dtype.
+inline void scale_by(dtype t, void* inout, std::size_t n, double factor) {
+  check_reduce_op(reduce_kind::premul_sum, t);
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) {
+    if constexpr (detail::is_floating_element<T>) scale_by(static_cast<T*>(inout), n, factor);
   });
 }
 
