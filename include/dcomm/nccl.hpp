@@ -401,16 +401,23 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                      key] { self->start_split(parent_id, deadline, child, color, key); });
   }
 
+  // Empty buffers: nothing is handed to NCCL (it may refuse the null
+  // pointer of an empty device buffer), and the operation still completes
+  // in its place in the stream. Ranks that disagree on emptiness are a size
+  // mismatch, which NCCL cannot see: the non-empty ones reach the deadline.
+
   // --- point to point: matched in order per pair of ranks ---
   asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
     check_tag(ctx, "send");
     co_await run(ctx, "send", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (in.count == 0) return ncclSuccess;
       return ncclSend(st.in(in), in.count, detail::nccl::data_type(in.type), peer, g.comm, s);
     });
   }
   asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
     check_tag(ctx, "recv");
     co_await run(ctx, "recv", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (out.count == 0) return ncclSuccess;
       return ncclRecv(st.out(out), out.count, detail::nccl::data_type(out.type), peer, g.comm, s);
     });
   }
@@ -423,6 +430,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
   asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
     co_await run(ctx, "broadcast", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (buf.count == 0) return ncclSuccess;
       void* d = st.out(buf, g.rank == root);
       return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
     });
@@ -430,6 +438,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
                                int root) {
     co_await run(ctx, "reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (in.count == 0) return ncclSuccess;
       const void* src = st.in(in);
       void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
       return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
@@ -439,6 +448,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
                                    reducer r) {
     co_await run(ctx, "all_reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (in.count == 0) return ncclSuccess;
       const bool in_place = in.data == out.data;
       void* dst = st.out(out, in_place);
       const void* src = in_place ? dst : st.in(in);
@@ -448,6 +458,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
   asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
     co_await run(ctx, "all_gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (in.count == 0) return ncclSuccess;
       return ncclAllGather(st.in(in), st.out(out), in.count, detail::nccl::data_type(in.type),
                            g.comm, s);
     });
@@ -455,6 +466,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
                                        reducer r) {
     co_await run(ctx, "reduce_scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+      if (out.count == 0) return ncclSuccess;
       return ncclReduceScatter(st.in(in), st.out(out), out.count, detail::nccl::data_type(out.type),
                                st.reduce_op(r, g.comm), g.comm, s);
     });
