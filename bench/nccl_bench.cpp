@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -54,16 +56,7 @@ struct settings {
   int warmup = 5;
 };
 
-std::size_t parse_bytes(const std::string& s) {
-  std::size_t pos = 0;
-  auto v = std::stoull(s, &pos);
-  std::string unit = s.substr(pos);
-  if (unit == "K" || unit == "k") return v << 10;
-  if (unit == "M" || unit == "m") return v << 20;
-  if (unit == "G" || unit == "g") return v << 30;
-  if (!unit.empty()) throw std::invalid_argument("bad size: " + s + " (use 8, 4K, 64M, 1G)");
-  return v;
-}
+using dcomm::bench::parse_bytes;
 
 settings parse(int argc, char** argv) {
   settings s;

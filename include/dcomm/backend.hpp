@@ -165,7 +165,8 @@ struct op_context {
 using output_allocator = std::function<tensor_view(std::span<const std::size_t>)>;
 
 // What communicator<Backend> needs from a backend. Every operation is a
-// coroutine on the backend's executor; views are already validated.
+// coroutine on the backend's executor (a detail::task: pooled frames, no
+// allocation per operation); views are already validated.
 template <class B>
 concept backend = requires {
   typename B::options;
@@ -192,21 +193,19 @@ concept backend = requires {
   // thread; backends that need a collective to make the group (NCCL's
   // ncclCommSplit) start it here, ordered before the group's first operation.
   {b.group_created(group, group, peer, peer)};
-  { b.send(c, in, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.recv(c, out, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.barrier(c) } -> std::same_as<asio::awaitable<void>>;
-  { b.broadcast(c, out, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.reduce(c, in, out, r, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.all_reduce(c, in, out, r) } -> std::same_as<asio::awaitable<void>>;
-  { b.scatter(c, in, out, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.gather(c, in, out, peer) } -> std::same_as<asio::awaitable<void>>;
-  { b.all_gather(c, in, out) } -> std::same_as<asio::awaitable<void>>;
-  { b.reduce_scatter(c, in, out, r) } -> std::same_as<asio::awaitable<void>>;
-  { b.all_to_all(c, in, out) } -> std::same_as<asio::awaitable<void>>;
-  { b.all_gather_v(c, in, alloc) } -> std::same_as<asio::awaitable<std::vector<std::size_t>>>;
-  {
-    b.all_to_all_v(c, in, counts, alloc)
-    } -> std::same_as<asio::awaitable<std::vector<std::size_t>>>;
+  { b.send(c, in, peer) } -> std::same_as<detail::task<void>>;
+  { b.recv(c, out, peer) } -> std::same_as<detail::task<void>>;
+  { b.barrier(c) } -> std::same_as<detail::task<void>>;
+  { b.broadcast(c, out, peer) } -> std::same_as<detail::task<void>>;
+  { b.reduce(c, in, out, r, peer) } -> std::same_as<detail::task<void>>;
+  { b.all_reduce(c, in, out, r) } -> std::same_as<detail::task<void>>;
+  { b.scatter(c, in, out, peer) } -> std::same_as<detail::task<void>>;
+  { b.gather(c, in, out, peer) } -> std::same_as<detail::task<void>>;
+  { b.all_gather(c, in, out) } -> std::same_as<detail::task<void>>;
+  { b.reduce_scatter(c, in, out, r) } -> std::same_as<detail::task<void>>;
+  { b.all_to_all(c, in, out) } -> std::same_as<detail::task<void>>;
+  { b.all_gather_v(c, in, alloc) } -> std::same_as<detail::task<std::vector<std::size_t>>>;
+  { b.all_to_all_v(c, in, counts, alloc) } -> std::same_as<detail::task<std::vector<std::size_t>>>;
 };
 
 }  // namespace dcomm

@@ -680,7 +680,7 @@ class communicator {
     auto payload = rank() == root ? detail::to_bytes(obj) : std::vector<std::uint8_t>{};
     return launch<void>("broadcast_object", std::forward<Token>(token), bad, ctx,
                         [&obj, root, data_seq, payload = std::move(payload)](
-                            Backend& b, const op_context& c) mutable -> asio::awaitable<void> {
+                            Backend& b, const op_context& c) mutable -> detail::task<void> {
                           auto size = static_cast<std::int64_t>(payload.size());
                           tensor_view size_view = mutable_view(std::span<std::int64_t>(&size, 1));
                           co_await b.broadcast(c, size_view, root);
@@ -701,7 +701,7 @@ class communicator {
     return launch<std::vector<T>>(
         "all_gather_object", std::forward<Token>(token), nullptr, coll_context({}),
         [bytes = std::move(bytes)](Backend& b,
-                                   const op_context& c) -> asio::awaitable<std::vector<T>> {
+                                   const op_context& c) -> detail::task<std::vector<T>> {
           std::vector<std::uint8_t> all;
           output_allocator alloc = [&all](std::span<const std::size_t> counts) {
             all.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
@@ -758,7 +758,7 @@ class communicator {
     return launch<std::optional<communicator>>(
         "split", std::forward<Token>(token), nullptr, coll_context({}),
         [self, mine, index](Backend& b,
-                            const op_context& c) -> asio::awaitable<std::optional<communicator>> {
+                            const op_context& c) -> detail::task<std::optional<communicator>> {
           std::vector<std::int64_t> all(2 * static_cast<std::size_t>(self.size()));
           const_tensor_view in = view(mine);
           tensor_view out = mutable_view(all);
@@ -926,7 +926,7 @@ class communicator {
   }
 
   template <class R, class F>
-  static asio::awaitable<R> hold(std::shared_ptr<runtime> rt, op_context ctx, F f) {
+  static detail::task<R> hold(std::shared_ptr<runtime> rt, op_context ctx, F f) {
     co_return co_await f(*rt->backend, ctx);
   }
   template <class R, class Token, class F>
@@ -954,7 +954,7 @@ class communicator {
                             operation, limit);
   }
   template <class R>
-  static asio::awaitable<R> refuse_any(std::exception_ptr e) {
+  static detail::task<R> refuse_any(std::exception_ptr e) {
     if constexpr (std::is_void_v<R>) {
       std::rethrow_exception(e);
       co_return;
@@ -971,7 +971,7 @@ class communicator {
     s->operation = operation;
     s->deadline = ctx.deadline;
     auto op = bad ? refuse_any<void>(bad) : hold<void>(rt_, std::move(ctx), std::move(f));
-    asio::co_spawn(s->executor, guarded(std::move(op), request_guard(s)), asio::detached);
+    detail::start(s->executor, guarded(std::move(op), request_guard(s)), [](std::exception_ptr) {});
     return request(std::move(s));
   }
   // If the executor is destroyed with the operation still pending (a user's
@@ -994,7 +994,7 @@ class communicator {
   };
   // Finishes the request itself: a completion handler could be destroyed
   // unrun along with the executor.
-  static asio::awaitable<void> guarded(asio::awaitable<void> op, request_guard guard) {
+  static detail::task<void> guarded(detail::task<void> op, request_guard guard) {
     std::exception_ptr failure;
     try {
       co_await std::move(op);
@@ -1031,7 +1031,7 @@ class communicator {
                         });
   }
   template <class E, class Op, class F>
-  static asio::awaitable<void> run_reduction(Backend& b, op_context c, Op op, dtype type, F f) {
+  static detail::task<void> run_reduction(Backend& b, op_context c, Op op, dtype type, F f) {
     reducer r;
     if constexpr (std::is_void_v<E>)
       r = make_reducer(op, type);  // refers to `op`, alive in this frame

@@ -15,12 +15,14 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm {
@@ -46,12 +48,15 @@ namespace detail {
 
 // A blocking call from the thread that runs the operation's executor could
 // never complete: refuse it instead of hanging.
+// Whether this thread runs the io_context behind ex (inside a strand of it
+// or not: a blocking wait there would stop everything the context runs).
 inline bool running_in_this_thread(const asio::any_io_executor& ex) {
-  if (auto* e = ex.target<asio::io_context::executor_type>()) return e->running_in_this_thread();
-  if (auto* s = ex.target<asio::strand<asio::io_context::executor_type>>())
-    return s->running_in_this_thread();
-  if (auto* s = ex.target<asio::strand<asio::any_io_executor>>())
-    return s->running_in_this_thread();
+  if (auto* e = executor_target<asio::io_context::executor_type>(ex))
+    return e->running_in_this_thread();
+  if (auto* s = executor_target<asio::strand<asio::io_context::executor_type>>(ex))
+    return s->get_inner_executor().running_in_this_thread();
+  if (auto* s = executor_target<asio::strand<asio::any_io_executor>>(ex))
+    return running_in_this_thread(s->get_inner_executor());
   return false;
 }
 
@@ -61,7 +66,8 @@ inline bool running_in_this_thread(const asio::any_io_executor& ex) {
 // buffer, so every copy Asio makes per completed handler would allocate, and
 // every property query on its inner executor too.
 inline asio::any_io_executor serial_executor(const asio::any_io_executor& ex) {
-  if (auto* io = ex.target<asio::io_context::executor_type>()) return asio::make_strand(*io);
+  if (auto* io = executor_target<asio::io_context::executor_type>(ex))
+    return asio::make_strand(*io);
   return asio::make_strand(ex);
 }
 
@@ -88,9 +94,27 @@ std::future<T> spawn_with_future(const asio::any_io_executor& ex, asio::awaitabl
   return future;
 }
 
+// The same for a task.
 template <typename T>
-T run_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op, const char* operation,
-               clock::duration limit) {
+std::future<T> spawn_with_future(const asio::any_io_executor& ex, task<T> op) {
+  auto promise = std::make_shared<std::promise<T>>();
+  auto future = promise->get_future();
+  if constexpr (std::is_void_v<T>) {
+    start(ex, std::move(op), [promise](std::exception_ptr failure) {
+      failure ? promise->set_exception(failure) : promise->set_value();
+    });
+  } else {
+    start(ex, std::move(op), [promise](std::exception_ptr failure, std::optional<T> value) {
+      failure ? promise->set_exception(failure) : promise->set_value(std::move(*value));
+    });
+  }
+  return future;
+}
+
+// Runs op (an awaitable or a task) to its end from plain code.
+template <typename Op>
+auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
+                  clock::duration limit) {
   if (running_in_this_thread(ex))
     throw_error(errc::invalid_argument,
                 {.operation = operation,
@@ -112,9 +136,60 @@ template <typename T, typename Token>
 auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token,
               const char* operation, clock::duration limit) {
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
-    return run_blocking<T>(ex, std::move(op), operation, limit);
+    return run_blocking(ex, std::move(op), operation, limit);
   else
     return asio::co_spawn(ex, std::move(op), std::forward<Token>(token));
+}
+
+// The same for an operation that is a task (the backends' operations):
+// started on `ex` without an Asio coroutine frame, its handler called
+// through the handler's own executor, whose work is counted meanwhile (as
+// co_spawn does), so that an io_context waiting for it does not run dry.
+template <typename T>
+struct task_completion {
+  using type = void(std::exception_ptr, T);
+};
+template <>
+struct task_completion<void> {
+  using type = void(std::exception_ptr);
+};
+
+template <typename T, typename Handler>
+class task_completer {
+ public:
+  task_completer(Handler h, const asio::any_io_executor& ex)
+      : work_(asio::prefer(asio::get_associated_executor(h, ex),
+                           asio::execution::outstanding_work.tracked)),
+        handler_(std::move(h)) {}
+  void operator()(std::exception_ptr failure) {
+    auto work = std::move(work_);
+    post_pooled(work, [h = std::move(handler_), failure]() mutable { std::move(h)(failure); });
+  }
+  template <typename V>
+  void operator()(std::exception_ptr failure, std::optional<V> value) {
+    auto work = std::move(work_);
+    post_pooled(work, [h = std::move(handler_), failure, v = std::move(value)]() mutable {
+      std::move(h)(failure, v ? std::move(*v) : T{});
+    });
+  }
+
+ private:
+  asio::any_io_executor work_;
+  Handler handler_;
+};
+
+template <typename T, typename Token>
+auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const char* operation,
+              clock::duration limit) {
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
+    return run_blocking(ex, std::move(op), operation, limit);
+  } else {
+    return asio::async_initiate<Token, typename task_completion<T>::type>(
+        [ex](auto handler, task<T> t) {
+          start(ex, std::move(t), task_completer<T, decltype(handler)>(std::move(handler), ex));
+        },
+        token, std::move(op));
+  }
 }
 
 // What is left until a deadline, never negative: for calls that take a

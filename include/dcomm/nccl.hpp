@@ -334,7 +334,10 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
         b->nccl_check(r, "ncclCommInitRankConfig", g.comm);
     }
     op_context ctx{.deadline = deadline};
-    co_await b->settle(g, ctx, "ncclCommInitRankConfig");
+    // settle() is a task: awaited from this Asio coroutine through initiate.
+    co_await detail::initiate(ex, b->settle(g, ctx, "ncclCommInitRankConfig"), asio::use_awaitable,
+                              "ncclCommInitRankConfig",
+                              deadline - clock::now() + detail::blocking_grace);
     co_return b;
   }
 
@@ -407,14 +410,14 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // mismatch, which NCCL cannot see: the non-empty ones reach the deadline.
 
   // --- point to point: matched in order per pair of ranks ---
-  asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
+  detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
     check_tag(ctx, "send");
     co_await run(ctx, "send", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
       return ncclSend(st.in(in), in.count, detail::nccl::data_type(in.type), peer, g.comm, s);
     });
   }
-  asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
+  detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     check_tag(ctx, "recv");
     co_await run(ctx, "recv", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (out.count == 0) return ncclSuccess;
@@ -423,20 +426,20 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   // --- collectives ---
-  asio::awaitable<void> barrier(op_context ctx) {
+  detail::task<void> barrier(op_context ctx) {
     co_await run(ctx, "barrier", [&](group& g, cudaStream_t s, detail::nccl::staging&) {
       return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
     });
   }
-  asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
+  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
     co_await run(ctx, "broadcast", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (buf.count == 0) return ncclSuccess;
       void* d = st.out(buf, g.rank == root);
       return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
     });
   }
-  asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
-                               int root) {
+  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
+                            int root) {
     co_await run(ctx, "reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
       const void* src = st.in(in);
@@ -445,8 +448,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                         st.reduce_op(r, g.comm), root, g.comm, s);
     });
   }
-  asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
-                                   reducer r) {
+  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
     co_await run(ctx, "all_reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
       const bool in_place = in.data == out.data;
@@ -456,15 +458,15 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                            st.reduce_op(r, g.comm), g.comm, s);
     });
   }
-  asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
     co_await run(ctx, "all_gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
       return ncclAllGather(st.in(in), st.out(out), in.count, detail::nccl::data_type(in.type),
                            g.comm, s);
     });
   }
-  asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
-                                       reducer r) {
+  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
+                                    reducer r) {
     co_await run(ctx, "reduce_scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (out.count == 0) return ncclSuccess;
       return ncclReduceScatter(st.in(in), st.out(out), out.count, detail::nccl::data_type(out.type),
@@ -474,7 +476,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
 
   // Composed from grouped send/recv, as NCCL has no scatter, gather or
   // all-to-all of its own.
-  asio::awaitable<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     co_await run(ctx, "scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       const std::size_t block = out.bytes();
       void* dst = st.out(out);
@@ -487,7 +489,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       return grouped(g, s, sends, {});
     });
   }
-  asio::awaitable<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     co_await run(ctx, "gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       const std::size_t block = in.bytes();
       const void* src = st.in(in);
@@ -500,7 +502,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       return grouped(g, s, {}, recvs);
     });
   }
-  asio::awaitable<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
     co_await run(ctx, "all_to_all", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       const std::size_t block = out.bytes() / unsigned(g.size);
       char* dst = static_cast<char*>(st.out(out, in.data == out.data));
@@ -522,8 +524,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   // The counts first (through device memory), then the data.
-  asio::awaitable<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
-                                                         output_allocator alloc) {
+  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
+                                                      output_allocator alloc) {
     no_stream(ctx, "all_gather_v");
     std::int64_t mine = static_cast<std::int64_t>(in.count);
     std::vector<std::int64_t> all(static_cast<std::size_t>(ctx.group->size()));
@@ -550,9 +552,9 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     });
     co_return counts;
   }
-  asio::awaitable<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
-                                                         std::vector<std::size_t> send_counts,
-                                                         output_allocator alloc) {
+  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
+                                                      std::vector<std::size_t> send_counts,
+                                                      output_allocator alloc) {
     no_stream(ctx, "all_to_all_v");
     std::vector<std::int64_t> sending(send_counts.begin(), send_counts.end());
     std::vector<std::int64_t> coming(sending.size());
@@ -693,17 +695,16 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   // Sleeps on a timer that abort_all can cut short.
-  asio::awaitable<void> nap(clock::time_point until) {
+  detail::task<void> nap(clock::time_point until) {
     asio::steady_timer t(ex_, until);
     sleepers_.push_back(&t);
-    asio::error_code ec;
-    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await t.async_wait(detail::use_task);
     std::erase(sleepers_, &t);
   }
 
   // Waits for this operation's turn on g's communicator.
-  asio::awaitable<void> take_turn(group& g, std::uint64_t ticket, const op_context& ctx,
-                                  const char* operation) {
+  detail::task<void> take_turn(group& g, std::uint64_t ticket, const op_context& ctx,
+                               const char* operation) {
     while (g.serving != ticket) {
       check_alive();
       if (clock::now() >= ctx.deadline) timeout(g, ctx, operation, "waiting for its turn");
@@ -717,7 +718,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
 
   // Until g's communicator has no call in progress (a non-blocking
   // communicator being made, or an enqueue NCCL finishes in the background).
-  asio::awaitable<void> settle(group& g, const op_context& ctx, const char* operation) {
+  detail::task<void> settle(group& g, const op_context& ctx, const char* operation) {
     for (auto pause = std::chrono::microseconds(50);;
          pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5))) {
       check_alive();
@@ -756,7 +757,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // Issues the operation's NCCL calls in its turn, then waits for the GPU
   // (or, stream-ordered, leaves a watcher that aborts on the deadline).
   template <class Enqueue>
-  asio::awaitable<void> run(const op_context& ctx, const char* operation, Enqueue enqueue) {
+  detail::task<void> run(const op_context& ctx, const char* operation, Enqueue enqueue) {
     check_alive();
     group& g = find_group(ctx, operation);
     const std::uint64_t ticket = g.next_ticket++;
@@ -789,15 +790,16 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       }
     }
     if (ctx.stream) {
-      asio::co_spawn(ex_, watch(shared_from_this(), done, g.id, ctx, operation), asio::detached);
+      detail::start(ex_, watch(shared_from_this(), done, g.id, ctx, operation),
+                    [](std::exception_ptr) {});
       co_return;
     }
     co_await wait_gpu(*done, g, ctx, operation);
     st.copy_back();
   }
 
-  asio::awaitable<void> wait_gpu(detail::nccl::gpu_done& d, group& g, const op_context& ctx,
-                                 const char* operation) {
+  detail::task<void> wait_gpu(detail::nccl::gpu_done& d, group& g, const op_context& ctx,
+                              const char* operation) {
     asio::steady_timer timer(ex_);
     d.waiter = &timer;
     sleepers_.push_back(&timer);
@@ -827,17 +829,15 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       const auto now = clock::now();
       if (now >= ctx.deadline) timeout(g, ctx, operation, "waiting for the GPU");
       timer.expires_at(std::min(ctx.deadline, now + o_.poll_interval));
-      asio::error_code ec;
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await timer.async_wait(detail::use_task);
     }
   }
 
   // A stream-ordered operation's deadline: failures surface in the next
   // operation, as the communicator is aborted.
-  static asio::awaitable<void> watch(std::shared_ptr<nccl_backend> self,
-                                     std::shared_ptr<detail::nccl::gpu_done> done,
-                                     std::uint64_t group_id, op_context ctx,
-                                     const char* operation) {
+  static detail::task<void> watch(std::shared_ptr<nccl_backend> self,
+                                  std::shared_ptr<detail::nccl::gpu_done> done,
+                                  std::uint64_t group_id, op_context ctx, const char* operation) {
     auto it = self->groups_.find(group_id);
     if (it == self->groups_.end()) co_return;
     try {
@@ -865,13 +865,13 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       ++made->next_ticket;  // ticket 0: its operations wait for the split
     }
     const std::uint64_t ticket = parent.next_ticket++;
-    asio::co_spawn(ex_, split(shared_from_this(), parent, made, ticket, deadline, color, key),
-                   asio::detached);
+    detail::start(ex_, split(shared_from_this(), parent, made, ticket, deadline, color, key),
+                  [](std::exception_ptr) {});
   }
 
-  static asio::awaitable<void> split(std::shared_ptr<nccl_backend> self, group& parent, group* made,
-                                     std::uint64_t ticket, clock::time_point deadline, int color,
-                                     int key) {
+  static detail::task<void> split(std::shared_ptr<nccl_backend> self, group& parent, group* made,
+                                  std::uint64_t ticket, clock::time_point deadline, int color,
+                                  int key) {
     op_context ctx{.deadline = deadline};
     try {
       co_await self->take_turn(parent, ticket, ctx, "ncclCommSplit");

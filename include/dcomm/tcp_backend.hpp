@@ -181,19 +181,19 @@ class tcp_backend {
                      int) {}
 
   // --- point to point ---
-  asio::awaitable<void> send(op_context ctx, const_tensor_view in, int peer) {
+  detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
     if (detail::on_device(in)) {
       detail::host_staging st(pinned_);
       co_await send(ctx, st.in(in), peer);
       co_return;
     }
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       c.send(peer, 0, in.data, in.bytes());
       co_return;
     });
   }
-  asio::awaitable<void> recv(op_context ctx, tensor_view out, int peer) {
+  detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (detail::on_device(out)) {
       detail::host_staging st(pinned_);
       co_await recv(ctx, st.out(out, false), peer);
@@ -201,20 +201,20 @@ class tcp_backend {
       co_return;
     }
     detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       c.recv(peer, 0, out.data, out.bytes());
       co_return;
     });
   }
 
   // --- collectives ---
-  asio::awaitable<void> barrier(op_context ctx) {
+  detail::task<void> barrier(op_context ctx) {
     detail::tcp_net::call c(*net_, ctx, true, sig(detail::tcp_net::coll_op::barrier), "barrier");
     co_await c.run(
-        [&]() -> asio::awaitable<void> { co_await detail::tcp_net::dissemination_barrier(c); });
+        [&]() -> detail::task<void> { co_await detail::tcp_net::dissemination_barrier(c); });
   }
 
-  asio::awaitable<void> broadcast(op_context ctx, tensor_view buf, int root) {
+  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
     if (detail::on_device(buf)) {
       detail::host_staging st(pinned_);
       co_await broadcast(ctx, st.out(buf, ctx.group->rank == root), root);
@@ -224,7 +224,7 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
                             "broadcast");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       if (c.size() == 1) co_return;
       auto a = choose(c, ctx, coll_op::broadcast, buf.bytes() <= o_.small_broadcast,
                       algorithm::binomial_tree, algorithm::chain);
@@ -235,8 +235,8 @@ class tcp_backend {
     });
   }
 
-  asio::awaitable<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
-                               int root) {
+  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
+                            int root) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       const bool in_place = in.data == out.data;
@@ -248,7 +248,7 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
                             "reduce");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       auto a = choose(c, ctx, coll_op::reduce, in.bytes() <= o_.small_broadcast,
                       algorithm::binomial_tree, algorithm::chain);
       if (a == algorithm::binomial_tree || c.size() == 1)
@@ -260,8 +260,7 @@ class tcp_backend {
     });
   }
 
-  asio::awaitable<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out,
-                                   reducer op) {
+  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       const bool in_place = in.data == out.data;
@@ -273,7 +272,7 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true,
                             sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
       const bool in_place = in.data == out.data;
       auto a = choose(
@@ -291,7 +290,7 @@ class tcp_backend {
   }
 
   // in: n blocks (root only); out: one block.
-  asio::awaitable<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       auto host_in = st.in(in);
@@ -302,14 +301,14 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::scatter, out.type, out.count, root),
                             "scatter");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       only_direct(c, ctx, coll_op::scatter);
       co_await detail::tcp_net::direct_scatter(c, in.data, out.data, out.bytes(), root);
     });
   }
 
   // in: one block; out: n blocks (root only).
-  asio::awaitable<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       auto host_in = st.in(in);
@@ -320,13 +319,13 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::gather, in.type, in.count, root),
                             "gather");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       only_direct(c, ctx, coll_op::gather);
       co_await detail::tcp_net::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
 
-  asio::awaitable<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       auto host_in = st.in(in);
@@ -337,7 +336,7 @@ class tcp_backend {
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather, in.type, in.count),
                             "all_gather");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       auto a = choose(c, ctx, coll_op::all_gather, out.bytes() <= o_.small_all_gather,
                       algorithm::direct, algorithm::ring);
       if (a == algorithm::direct)
@@ -350,8 +349,8 @@ class tcp_backend {
   }
 
   // in: n blocks; out: one block (may be in's block r).
-  asio::awaitable<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
-                                       reducer op) {
+  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
+                                    reducer op) {
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
       auto host_in = st.in(in);
@@ -363,7 +362,7 @@ class tcp_backend {
     detail::tcp_net::call c(*net_, ctx, true,
                             sig(coll_op::reduce_scatter, out.type, out.count, -1, &op),
                             "reduce_scatter");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
       auto a = choose(c, ctx, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter,
                       algorithm::direct, algorithm::ring);
@@ -376,7 +375,7 @@ class tcp_backend {
   }
 
   // in, out: n blocks each; they do not overlap.
-  asio::awaitable<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
     if (detail::on_device(in) || detail::on_device(out)) {  // in == out: the in-place form
       detail::host_staging st(pinned_);
       auto host_in = st.in(in);
@@ -388,14 +387,14 @@ class tcp_backend {
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all, in.type, in.count / n),
                             "all_to_all");
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       only_direct(c, ctx, coll_op::all_to_all);
       co_await detail::tcp_net::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
     });
   }
 
-  asio::awaitable<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
-                                                         output_allocator alloc) {
+  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
+                                                      output_allocator alloc) {
     if (detail::on_device(in)) {
       detail::host_staging st(pinned_);
       co_return co_await all_gather_v(ctx, st.in(in), std::move(alloc));
@@ -404,16 +403,16 @@ class tcp_backend {
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather_v, in.type, 0),
                             "all_gather_v");
     std::vector<std::size_t> counts;
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       only_direct(c, ctx, coll_op::all_gather_v);
       counts = co_await detail::tcp_net::direct_all_gather_v(c, in, alloc);
     });
     co_return counts;
   }
 
-  asio::awaitable<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
-                                                         std::vector<std::size_t> send_counts,
-                                                         output_allocator alloc) {
+  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
+                                                      std::vector<std::size_t> send_counts,
+                                                      output_allocator alloc) {
     if (detail::on_device(in)) {
       detail::host_staging st(pinned_);
       co_return co_await all_to_all_v(ctx, st.in(in), std::move(send_counts), std::move(alloc));
@@ -422,7 +421,7 @@ class tcp_backend {
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all_v, in.type, 0),
                             "all_to_all_v");
     std::vector<std::size_t> counts;
-    co_await c.run([&]() -> asio::awaitable<void> {
+    co_await c.run([&]() -> detail::task<void> {
       only_direct(c, ctx, coll_op::all_to_all_v);
       counts = co_await detail::tcp_net::direct_all_to_all_v(c, in, send_counts, alloc);
     });

@@ -16,8 +16,8 @@
 namespace dcomm::detail::tcp_net {
 
 // out holds n blocks of `count`; in may be out's block r (in place).
-inline asio::awaitable<void> direct_all_gather(call& c, const void* in, void* out,
-                                               std::size_t count, std::size_t es) {
+inline task<void> direct_all_gather(call& c, const void* in, void* out, std::size_t count,
+                                    std::size_t es) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -30,8 +30,8 @@ inline asio::awaitable<void> direct_all_gather(call& c, const void* in, void* ou
   co_return;
 }
 
-inline asio::awaitable<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
-                                             std::size_t es, std::size_t chunk_bytes) {
+inline task<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
+                                  std::size_t es, std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -43,7 +43,7 @@ inline asio::awaitable<void> ring_all_gather(call& c, const void* in, void* out,
 }
 
 // Step 0: counts; step 1: data.
-inline asio::awaitable<std::vector<std::size_t>> exchange_counts(
+inline task<std::vector<std::size_t>> exchange_counts(
     call& c, const std::vector<std::uint64_t>& mine_per_peer) {
   const int n = c.size(), r = c.rank();
   std::vector<std::uint64_t> theirs(static_cast<std::size_t>(n), 0);
@@ -60,8 +60,8 @@ inline asio::awaitable<std::vector<std::size_t>> exchange_counts(
   co_return std::vector<std::size_t>(theirs.begin(), theirs.end());
 }
 
-inline asio::awaitable<std::vector<std::size_t>> direct_all_gather_v(
-    call& c, const_tensor_view in, const output_allocator& alloc) {
+inline task<std::vector<std::size_t>> direct_all_gather_v(call& c, const_tensor_view in,
+                                                          const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
   const std::size_t es = size_of(in.type);
   std::vector<std::uint64_t> mine(static_cast<std::size_t>(n), in.count);

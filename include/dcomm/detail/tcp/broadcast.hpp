@@ -9,7 +9,7 @@
 
 namespace dcomm::detail::tcp_net {
 
-inline asio::awaitable<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
+inline task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   int mask = 1;
   while (mask < n) {
@@ -23,8 +23,8 @@ inline asio::awaitable<void> binomial_broadcast(call& c, void* buf, std::size_t 
     if (v + mask < n) c.send(mod(v + mask + root, n), 0, buf, bytes);
 }
 
-inline asio::awaitable<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
-                                             std::size_t chunk_bytes) {
+inline task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
+                                  std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   const int prev = mod(v - 1 + root, n), next = mod(v + 1 + root, n);

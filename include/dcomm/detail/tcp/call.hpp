@@ -91,10 +91,10 @@ class call {
   static bool done(const io_item& it) { return it.state == item_state::done; }
 
   // Not coroutines themselves: one coroutine frame less per wait.
-  asio::awaitable<void> wait(io_item& it) {
+  task<void> wait(io_item& it) {
     return t_.wait(op_, [&it] { return it.state == item_state::done; });
   }
-  asio::awaitable<void> wait_all() {
+  task<void> wait_all() {
     return t_.wait(op_, [this] {
       return std::all_of(op_.items.begin(), op_.items.end(),
                          [](const io_item& i) { return i.state == item_state::done; });
@@ -104,7 +104,7 @@ class call {
   // Runs an algorithm to the end: every message done, or everything taken
   // back before the failure is rethrown.
   template <class Body>
-  asio::awaitable<void> run(Body body) {
+  task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
     std::exception_ptr failure;
     try {

@@ -9,8 +9,7 @@
 namespace dcomm::detail::tcp_net {
 
 // out (root only) holds n blocks of `count`.
-inline asio::awaitable<void> direct_gather(call& c, const void* in, void* out, std::size_t bytes,
-                                           int root) {
+inline task<void> direct_gather(call& c, const void* in, void* out, std::size_t bytes, int root) {
   const int n = c.size(), r = c.rank();
   if (r != root) {
     c.send(root, 0, in, bytes);
@@ -23,8 +22,7 @@ inline asio::awaitable<void> direct_gather(call& c, const void* in, void* out, s
 }
 
 // in (root only) holds n blocks of `count`.
-inline asio::awaitable<void> direct_scatter(call& c, const void* in, void* out, std::size_t bytes,
-                                            int root) {
+inline task<void> direct_scatter(call& c, const void* in, void* out, std::size_t bytes, int root) {
   const int n = c.size(), r = c.rank();
   if (r != root) {
     c.recv(root, 0, out, bytes);

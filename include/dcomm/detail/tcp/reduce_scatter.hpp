@@ -13,9 +13,8 @@
 namespace dcomm::detail::tcp_net {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-inline asio::awaitable<void> direct_reduce_scatter(call& c, const void* in, void* out,
-                                                   std::size_t count, std::size_t es,
-                                                   const reducer& op) {
+inline task<void> direct_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
+                                        std::size_t es, const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   scratch tmp(c);
@@ -36,9 +35,8 @@ inline asio::awaitable<void> direct_reduce_scatter(call& c, const void* in, void
   op.finish(out, count, n);
 }
 
-inline asio::awaitable<void> ring_reduce_scatter(call& c, const void* in, void* out,
-                                                 std::size_t count, std::size_t es,
-                                                 const reducer& op, std::size_t chunk_bytes) {
+inline task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
+                                      std::size_t es, const reducer& op, std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   ring_shape shape(

@@ -37,6 +37,7 @@
 #include "dcomm/completion.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/task.hpp"
 #include "dcomm/detail/tcp/pool.hpp"
 #include "dcomm/detail/tcp_mesh.hpp"
 #include "dcomm/dtype.hpp"
@@ -284,7 +285,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // Starts one reader per peer; call once, on the strand.
   void start() {
     for (int p = 0; p < world_; ++p)
-      if (p != rank_) asio::co_spawn(ex_, reader(shared_from_this(), p), asio::detached);
+      if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), [](std::exception_ptr) {});
   }
 
   int rank() const { return rank_; }
@@ -402,12 +403,11 @@ class transport : public std::enable_shared_from_this<transport> {
   // Waits until pred() holds; on failure or at the deadline, cancels the
   // op's items, waits until no I/O touches its buffers, and throws.
   template <class Pred>
-  asio::awaitable<void> wait(op_state& op, Pred pred) {
+  task<void> wait(op_state& op, Pred pred) {
     for (;;) {
       if (op.failure) break;
       if (pred()) co_return;
-      asio::error_code ec;
-      co_await op.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      auto [ec] = co_await op.timer.async_wait(use_task);
       if (!ec && !op.failure && !pred()) fail_op(op, timeout_error(op));
     }
     co_await abandon(op);
@@ -415,7 +415,7 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Fails the op (if it has not failed), takes back its items and waits
   // until no socket operation references them; then throws the failure.
-  asio::awaitable<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
+  task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
     if (!op.failure)
       op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
     if (op.collective && !op.failed_by_peer && !op.notified) notify_group(op);
@@ -424,8 +424,7 @@ class transport : public std::enable_shared_from_this<transport> {
     // only guards against a bug turning into a hang.
     op.timer.expires_after(std::chrono::seconds(10));
     while (std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; })) {
-      asio::error_code ec;
-      co_await op.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      auto [ec] = co_await op.timer.async_wait(use_task);
       if (!ec) {
         log(log_level::error, "tcp transport: socket operations still pending 10 s after closing");
         break;
@@ -783,13 +782,19 @@ class transport : public std::enable_shared_from_this<transport> {
     }
     // A span, not the vector: the write operation keeps a copy of the
     // sequence, and a copied vector would allocate on every write.
-    asio::async_write(
-        l.socket, std::span<const asio::const_buffer>(l.gather),
-        [total](const asio::error_code& ec, std::size_t done) -> std::size_t {
-          return ec ? 0 : total - done;
-        },
+    // Its operation memory from the pool: no allocation per write.
+    with_pooled_handler(
+        ex_,
         [self = shared_from_this(), peer](const asio::error_code& ec, std::size_t) {
           self->on_written(peer, ec);
+        },
+        [&](auto handler) {
+          asio::async_write(
+              l.socket, std::span<const asio::const_buffer>(l.gather),
+              [total](const asio::error_code& ec, std::size_t done) -> std::size_t {
+                return ec ? 0 : total - done;
+              },
+              std::move(handler));
         });
   }
 
@@ -819,21 +824,23 @@ class transport : public std::enable_shared_from_this<transport> {
   // `exact`: read no further than n bytes, so that a large payload behind
   // them is left in the socket for read_payload to read straight into its
   // buffer instead of through the stage (a copy of half of each chunk).
-  static asio::awaitable<void> fill(link& l, std::size_t n, bool exact = false) {
+  static task<void> fill(link& l, std::size_t n, bool exact = false) {
     if (l.end - l.begin >= n) co_return;
     if (l.begin > 0) {
       std::memmove(l.stage.data(), l.stage.data() + l.begin, l.end - l.begin);
       l.end -= l.begin;
       l.begin = 0;
     }
-    while (l.end < n)
-      l.end += co_await l.socket.async_read_some(
-          asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end),
-          asio::use_awaitable);
+    while (l.end < n) {
+      auto [ec, got] = co_await l.socket.async_read_some(
+          asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end), use_task);
+      if (ec) throw asio::system_error(ec);
+      l.end += got;
+    }
   }
 
   // Reads n payload bytes into dst (nullptr: discard them).
-  static asio::awaitable<void> read_payload(link& l, char* dst, std::size_t n) {
+  static task<void> read_payload(link& l, char* dst, std::size_t n) {
     for (;;) {
       std::size_t take = std::min(n, l.end - l.begin);
       if (dst && take) std::memcpy(dst, l.stage.data() + l.begin, take);
@@ -842,19 +849,20 @@ class transport : public std::enable_shared_from_this<transport> {
       if (dst) dst += take;
       if (n == 0) co_return;
       if (dst && n >= l.stage.size() / 4) {
-        co_await asio::async_read(
+        auto [ec, got] = co_await asio::async_read(
             l.socket, asio::buffer(dst, n),
             [n](const asio::error_code& ec, std::size_t done) -> std::size_t {
               return ec ? 0 : n - done;
             },
-            asio::use_awaitable);
+            use_task);
+        if (ec) throw asio::system_error(ec);
         co_return;
       }
       co_await fill(l, std::min(n, l.stage.size()));
     }
   }
 
-  static asio::awaitable<void> reader(std::shared_ptr<transport> self, int peer) {
+  static task<void> reader(std::shared_ptr<transport> self, int peer) {
     link& l = *self->links_[static_cast<std::size_t>(peer)];
     std::string why;
     try {
@@ -880,7 +888,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // One frame after another, in one coroutine frame: a nested coroutine
   // per message would allocate (Asio recycles few frames per thread), so
   // the helpers are awaited only when the stage cannot serve the bytes.
-  asio::awaitable<void> read_frames(link& l, int peer) {
+  task<void> read_frames(link& l, int peer) {
     for (;;) {
       // While a large payload is due (we sent cts), read headers on their own:
       // one more small read per frame, one copy less per payload byte.
@@ -982,7 +990,7 @@ class transport : public std::enable_shared_from_this<transport> {
     return true;
   }
 
-  asio::awaitable<void> read_into(link& l, io_item& it, std::size_t bytes) {
+  task<void> read_into(link& l, io_item& it, std::size_t bytes) {
     it.in_flight = true;
     l.reading = &it;
     co_await read_payload(l, static_cast<char*>(it.recv_buffer), bytes);
