@@ -7,7 +7,8 @@
 //
 // Options: --op NAME|all (all_reduce broadcast reduce all_gather
 // reduce_scatter), --world N, --min-bytes, --max-bytes, --factor, --iters N
-// (0: 200 at small sizes, fewer as sizes grow, at least 10), --warmup N.
+// (0: 200 at small sizes, fewer as sizes grow, at least 10), --warmup N,
+// --spin US (nccl_backend::options::spin, in microseconds).
 //
 // Per size, three ways of doing the same float32 operation, interleaved
 // call by call so that drift hits all three alike:
@@ -54,6 +55,7 @@ struct settings {
   std::size_t factor = 2;
   int iters = 0;
   int warmup = 5;
+  int spin_us = -1;  // -1: nccl_backend's default
 };
 
 using dcomm::bench::parse_bytes;
@@ -85,10 +87,12 @@ settings parse(int argc, char** argv) {
       s.iters = std::stoi(value());
     } else if (a == "--warmup") {
       s.warmup = std::stoi(value());
+    } else if (a == "--spin") {
+      s.spin_us = std::stoi(value());
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "nccl_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
-          "           [--factor F] [--iters N] [--warmup N]\n");
+          "           [--factor F] [--iters N] [--warmup N] [--spin US]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -123,7 +127,8 @@ void check(cudaError_t e, const char* what) {
 
 class runner {
  public:
-  runner(comm_type comm, const settings& s) : comm_(std::move(comm)), s_(s) {
+  runner(comm_type comm, const settings& s, std::chrono::microseconds spin)
+      : comm_(std::move(comm)), s_(s), spin_(spin) {
     check(cudaStreamCreate(&stream_), "cudaStreamCreate");
   }
   runner(const runner&) = delete;
@@ -250,8 +255,9 @@ class runner {
 
   asio::awaitable<void> run() {
     if (comm_.rank() == 0) {
-      std::printf("# dcomm nccl_bench: nccl_backend vs raw NCCL, world %d, float32, sum\n",
-                  comm_.size());
+      std::printf(
+          "# dcomm nccl_bench: nccl_backend vs raw NCCL, world %d, float32, sum, spin %lld us\n",
+          comm_.size(), static_cast<long long>(spin_.count()));
       std::printf("%14s %12s %12s %10s %10s %10s %9s %9s %8s %8s %7s\n", "# op", "size(B)", "count",
                   "raw(us)", "dcomm(us)", "stream(us)", "over(us)", "over(%)", "algbw", "busbw",
                   "#wrong");
@@ -268,12 +274,14 @@ class runner {
  private:
   comm_type comm_;
   const settings& s_;
+  std::chrono::microseconds spin_;
   cudaStream_t stream_ = nullptr;
 };
 
 int run_rank(const settings& s) {
   asio::io_context context;
   dcomm::init_options<dcomm::nccl_backend> o{.timeout = 120s};
+  if (s.spin_us >= 0) o.backend.spin = std::chrono::microseconds(s.spin_us);
   const std::string marker = "/tmp/dcomm-nccl-bench-" + std::to_string(::getpid());
   if (s.world == 0 && !std::getenv("WORLD_SIZE")) {  // alone: a world of one
     o.init_method = "file://" + marker;
@@ -282,7 +290,7 @@ int run_rank(const settings& s) {
   }
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::nccl_backend>(context.get_executor(), o);
-    runner r(comm, s);
+    runner r(comm, s, o.backend.spin);
     co_await r.run();
   }());
   std::remove(marker.c_str());

@@ -247,6 +247,47 @@ TEST_SUITE("nccl") {
     CHECK(contains(n::describe(ncclInvalidArgument, nullptr), "invalid argument"));
   }
 
+  TEST_CASE("completion_estimate: sleep through long operations, poll the tail, adapt") {
+    DCOMM_TEST_DEADLINE(120s);
+    using e = dcomm::detail::nccl::completion_estimate;
+    using us = std::chrono::microseconds;
+    const us spin(50);
+    e est;
+    // Nothing seen: no sleep, poll for the spin only.
+    CHECK(est.sleep_for("all_reduce", 1 << 20) == e::duration::zero());
+    CHECK(est.poll_for("all_reduce", 1 << 20, spin) == spin);
+    // Short operations never sleep and poll for the spin only.
+    est.finished("all_reduce", 8, us(12));
+    CHECK(est.typical("all_reduce", 8) == us(12));
+    CHECK(est.sleep_for("all_reduce", 8) == e::duration::zero());
+    CHECK(est.poll_for("all_reduce", 8, spin) == spin);
+    // A 1 ms operation: asleep until its margin (100 us + 1/32) before the
+    // finish, then polled well past it.
+    est.finished("all_reduce", 1 << 20, us(1000));
+    CHECK(est.sleep_for("all_reduce", 1 << 20) ==
+          e::duration(us(1000) - us(100)) - e::duration(us(1000)) / 32);
+    CHECK(est.poll_for("all_reduce", 1 << 20, spin) ==
+          spin + 2 * (us(100) + e::duration(us(1000)) / 32));
+    // Same size class (bit width), another kind or class: separate.
+    CHECK(est.typical("all_reduce", (1 << 20) + 12345) == us(1000));
+    CHECK(est.typical("broadcast", 1 << 20) == e::duration::zero());
+    CHECK(est.typical("all_reduce", 1 << 21) == e::duration::zero());
+    // A finish moves it a quarter of the way; oversleeping cuts an eighth.
+    est.finished("all_reduce", 1 << 20, us(2000));
+    CHECK(est.typical("all_reduce", 1 << 20) == us(1250));
+    est.overslept("all_reduce", 1 << 20);
+    CHECK(est.typical("all_reduce", 1 << 20) == e::duration(us(1250)) - e::duration(us(1250)) / 8);
+    // Names are compared by content, not by address.
+    std::string name = "all_reduce";
+    CHECK(est.typical(name.c_str(), 8) == us(12));
+    // A 100 us operation: too short to sleep for (the margin), polled to its end.
+    est.finished("reduce", 4096, us(100));
+    CHECK(est.sleep_for("reduce", 4096) == e::duration::zero());
+    CHECK(est.poll_for("reduce", 4096, spin) > us(100));
+    // Without a spin: poll_for still gives the tail of long operations.
+    CHECK(est.poll_for("reduce", 4096, us(0)) > us(100));
+  }
+
   TEST_CASE("the default GPU: $LOCAL_RANK when set, else the rank, modulo the GPUs") {
     DCOMM_TEST_DEADLINE(120s);
     namespace n = dcomm::detail::nccl;
@@ -396,6 +437,50 @@ TEST_SUITE("nccl") {
       dcomm::cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
       require(download(out) == host, "stream-ordered all_reduce");
       (void)cudaStreamDestroy(s);
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("long operations, one after another and four at once, complete with their results") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (!gpu_present()) return;
+    // 256 MiB all_reduce takes ~200 us on an H100, long enough for the
+    // awaited form to sleep through most of it (completion_estimate) once
+    // it has seen a few; four at once cut each other's naps short.
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      const std::size_t n = std::size_t{64} << 20;
+      std::vector<float> host(n);
+      for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000);
+      auto a = upload(host);
+      for (int round = 0; round < 12; ++round) {
+        dcomm::cuda::device_buffer<float> out(n);
+        if (round % 2)
+          co_await c.all_reduce(a, out, dcomm::max);
+        else
+          co_await c.all_reduce(a, out, dcomm::sum);
+        require(download(out) == host, "round " + std::to_string(round));
+      }
+      auto b = upload(host), d = upload(host), e = upload(host);
+      int done = 0;
+      std::string failed;
+      auto ex = co_await asio::this_coro::executor;
+      for (auto* buf : {&a, &b, &d, &e})
+        c.all_reduce(*buf, dcomm::avg, [&](std::exception_ptr p) {
+          ++done;
+          if (p) try {
+              std::rethrow_exception(p);
+            } catch (const std::exception& x) {
+              failed = x.what();
+            }
+        });
+      asio::steady_timer t(ex);
+      while (done < 4) {
+        t.expires_after(1ms);
+        co_await t.async_wait(asio::use_awaitable);
+      }
+      require(failed.empty(), failed);
+      for (auto* buf : {&a, &b, &d, &e}) require(download(*buf) == host, "four at once");
     });
     INFO(what);
     CHECK(what.empty());

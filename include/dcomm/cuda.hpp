@@ -57,15 +57,20 @@ inline int current_device() {
 class device_guard {
  public:
   explicit device_guard(int index) : previous_(current_device()) {
-    if (index != previous_)
+    if (index != previous_) {
       check(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")");
+      switched_ = true;
+    }
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { (void)cudaSetDevice(previous_); }
+  ~device_guard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
 
  private:
   int previous_;
+  bool switched_ = false;  // on every operation's path: no call when unchanged
 };
 
 // A borrowed view of `count` elements of T at a device pointer on GPU

@@ -18,12 +18,17 @@
 //   were started (a turnstile per group): NCCL needs every rank to issue them
 //   in the same order, and an operation may have to wait for a communicator
 //   still being made.
-// - Completion: a host function queued on the stream behind the operation
-//   posts to the backend's executor, so the awaitable completes when the GPU
-//   work has finished, without a thread spinning on an event. While it waits,
-//   the operation polls NCCL's asynchronous error every poll_interval; on an
-//   error or the deadline every NCCL communicator of the backend is aborted
-//   (ncclCommAbort) and every pending operation fails with a typed error.
+// - Completion: an event recorded behind the operation's NCCL calls. The
+//   awaitable completes when the GPU has passed it: polled for a short
+//   while (options::spin, where most small operations finish), then asleep
+//   until a host function queued behind the event posts to the backend's
+//   executor, so no thread spins for the length of an operation. While it
+//   sleeps, the operation polls NCCL's asynchronous error every
+//   poll_interval; on an error or the deadline every NCCL communicator of
+//   the backend is aborted (ncclCommAbort) and every pending operation
+//   fails with a typed error. The stream-ordered form completes once
+//   enqueued; a watcher polls its event for the deadline, adding nothing
+//   to the stream.
 // - Host memory is refused by check_tensor; the front end's own calls that
 //   carry host data (split's colours, the object collectives, the counts of
 //   the _v collectives) are staged through device memory here.
@@ -36,7 +41,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -147,24 +154,87 @@ inline int default_device(int rank, int gpus) {
   return rank % gpus;
 }
 
-// Set by the host function CUDA runs on its own thread once the stream has
-// reached it; the waiting operation runs on the executor.
-struct gpu_done {
-  std::atomic<bool> done{false};
+// The wake-up of an operation asleep until the GPU passes its event: a host
+// function CUDA runs on its own thread once the waker stream gets there
+// posts to the executor, which cuts the operation's timer short (if it is
+// still waiting: the waiter is unhooked when it stops).
+struct gpu_wake {
   asio::any_io_executor executor;
   asio::steady_timer* waiter = nullptr;  // only touched on executor
 };
 
-inline void CUDART_CB on_gpu_done(void* p) {
-  auto* holder = static_cast<std::shared_ptr<gpu_done>*>(p);
-  std::shared_ptr<gpu_done> d = std::move(*holder);
+inline void CUDART_CB on_gpu_passed(void* p) {
+  auto* holder = static_cast<std::shared_ptr<gpu_wake>*>(p);
+  std::shared_ptr<gpu_wake> d = std::move(*holder);
   delete holder;
-  d->done.store(true, std::memory_order_release);
   // No CUDA call may be made from here; posting to Asio is not one.
   asio::post(d->executor, [d] {
     if (d->waiter) d->waiter->cancel();
   });
 }
+
+// When a waiting operation looks for its completion. Polling the event
+// (options::spin) finishes small operations within a microsecond or two of
+// NCCL's own, but a long operation cannot be polled throughout without
+// busy-waiting a core, and the ways of sleeping are slow to wake: a host
+// function's post to the executor takes 40 to 90 us on an H100, a timer
+// wakes some 50 us late. So an operation whose kind and size class (bit
+// width of its byte count) has been seen sleeps through most of its
+// typical duration and polls only the tail, as Linux's hybrid polling of
+// NVMe does. The typical duration adapts: a finish seen while polling moves
+// it a quarter of the way to the elapsed time, a finish found at once on
+// waking (overslept) cuts it by an eighth.
+class completion_estimate {
+ public:
+  using duration = std::chrono::nanoseconds;
+  // Asleep no less than this, or not at all.
+  static constexpr duration min_sleep = std::chrono::microseconds(50);
+
+  // The margin kept before the typical finish: a timer's lateness and the
+  // spread of durations.
+  static duration margin(duration typical) { return std::chrono::microseconds(100) + typical / 32; }
+  // How long to sleep first; zero without a typical duration long enough.
+  duration sleep_for(const char* operation, std::size_t bytes) const {
+    const duration t = find(operation, bytes);
+    const duration d = t - margin(t);
+    return d >= min_sleep ? d : duration::zero();
+  }
+  // How long to poll (after the sleep, if any) before falling back to the
+  // host function's wake-up: `spin`, and for operations typically longer
+  // than that, until well past their typical finish.
+  duration poll_for(const char* operation, std::size_t bytes, duration spin) const {
+    const duration t = find(operation, bytes);
+    return t > spin ? spin + 2 * margin(t) : spin;
+  }
+  void finished(const char* operation, std::size_t bytes, duration elapsed) {
+    duration& t = slot(operation, bytes);
+    t = t == duration::zero() ? elapsed : t + (elapsed - t) / 4;
+  }
+  void overslept(const char* operation, std::size_t bytes) {
+    duration& t = slot(operation, bytes);
+    t -= t / 8;
+  }
+  duration typical(const char* operation, std::size_t bytes) const {
+    return find(operation, bytes);
+  }
+
+ private:
+  using classes = std::array<duration, 65>;  // by std::bit_width of the byte count
+  duration find(const char* operation, std::size_t bytes) const {
+    for (auto& [name, c] : kinds_)
+      if (name == operation || std::strcmp(name, operation) == 0)
+        return c[static_cast<std::size_t>(std::bit_width(bytes))];
+    return duration::zero();
+  }
+  duration& slot(const char* operation, std::size_t bytes) {
+    auto it = std::find_if(kinds_.begin(), kinds_.end(), [&](auto& k) {
+      return k.first == operation || std::strcmp(k.first, operation) == 0;
+    });
+    if (it == kinds_.end()) it = kinds_.insert(kinds_.end(), {operation, classes{}});
+    return it->second[static_cast<std::size_t>(std::bit_width(bytes))];
+  }
+  std::vector<std::pair<const char*, classes>> kinds_;  // operation names are literals
+};
 
 // Device copies of the host buffers that the front end's own calls carry
 // (split's colours, the object collectives, the _v collectives' counts and
@@ -285,6 +355,13 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     // How often an operation waiting for the GPU checks NCCL's asynchronous
     // errors (completion itself wakes it at once).
     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(10);
+    // How long an operation polls, on the executor's thread, before it
+    // sleeps: for NCCL to finish enqueueing (a non-blocking communicator
+    // enqueues on a thread of its own) and for the GPU to finish. Most
+    // small operations are done within it, and a wake-up through a host
+    // function and the executor costs tens of microseconds; longer ones
+    // sleep (no thread spins for the length of an operation). 0: never poll.
+    std::chrono::microseconds spin = std::chrono::microseconds(50);
   };
 
   // Makes the world's NCCL communicator. Runs on (and stays on) the
@@ -412,115 +489,129 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // --- point to point: matched in order per pair of ranks ---
   detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
     check_tag(ctx, "send");
-    co_await run(ctx, "send", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+    co_await run(ctx, "send", in.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
       return ncclSend(st.in(in), in.count, detail::nccl::data_type(in.type), peer, g.comm, s);
     });
   }
   detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     check_tag(ctx, "recv");
-    co_await run(ctx, "recv", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (out.count == 0) return ncclSuccess;
-      return ncclRecv(st.out(out), out.count, detail::nccl::data_type(out.type), peer, g.comm, s);
-    });
+    co_await run(ctx, "recv", out.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   if (out.count == 0) return ncclSuccess;
+                   return ncclRecv(st.out(out), out.count, detail::nccl::data_type(out.type), peer,
+                                   g.comm, s);
+                 });
   }
 
   // --- collectives ---
   detail::task<void> barrier(op_context ctx) {
-    co_await run(ctx, "barrier", [&](group& g, cudaStream_t s, detail::nccl::staging&) {
-      return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
-    });
+    co_await run(ctx, "barrier", sizeof(float),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging&) {
+                   return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
+                 });
   }
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
-    co_await run(ctx, "broadcast", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (buf.count == 0) return ncclSuccess;
-      void* d = st.out(buf, g.rank == root);
-      return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
-    });
+    co_await run(
+        ctx, "broadcast", buf.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+          if (buf.count == 0) return ncclSuccess;
+          void* d = st.out(buf, g.rank == root);
+          return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
+        });
   }
   detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
                             int root) {
-    co_await run(ctx, "reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (in.count == 0) return ncclSuccess;
-      const void* src = st.in(in);
-      void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
-      return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
-                        st.reduce_op(r, g.comm), root, g.comm, s);
-    });
+    co_await run(ctx, "reduce", in.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   if (in.count == 0) return ncclSuccess;
+                   const void* src = st.in(in);
+                   void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
+                   return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                                     st.reduce_op(r, g.comm), root, g.comm, s);
+                 });
   }
   detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
-    co_await run(ctx, "all_reduce", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (in.count == 0) return ncclSuccess;
-      const bool in_place = in.data == out.data;
-      void* dst = st.out(out, in_place);
-      const void* src = in_place ? dst : st.in(in);
-      return ncclAllReduce(src, dst, in.count, detail::nccl::data_type(in.type),
-                           st.reduce_op(r, g.comm), g.comm, s);
-    });
+    co_await run(ctx, "all_reduce", in.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   if (in.count == 0) return ncclSuccess;
+                   const bool in_place = in.data == out.data;
+                   void* dst = st.out(out, in_place);
+                   const void* src = in_place ? dst : st.in(in);
+                   return ncclAllReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                                        st.reduce_op(r, g.comm), g.comm, s);
+                 });
   }
   detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
-    co_await run(ctx, "all_gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (in.count == 0) return ncclSuccess;
-      return ncclAllGather(st.in(in), st.out(out), in.count, detail::nccl::data_type(in.type),
-                           g.comm, s);
-    });
+    co_await run(ctx, "all_gather", out.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   if (in.count == 0) return ncclSuccess;
+                   return ncclAllGather(st.in(in), st.out(out), in.count,
+                                        detail::nccl::data_type(in.type), g.comm, s);
+                 });
   }
   detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
                                     reducer r) {
-    co_await run(ctx, "reduce_scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      if (out.count == 0) return ncclSuccess;
-      return ncclReduceScatter(st.in(in), st.out(out), out.count, detail::nccl::data_type(out.type),
-                               st.reduce_op(r, g.comm), g.comm, s);
-    });
+    co_await run(ctx, "reduce_scatter", in.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   if (out.count == 0) return ncclSuccess;
+                   return ncclReduceScatter(st.in(in), st.out(out), out.count,
+                                            detail::nccl::data_type(out.type),
+                                            st.reduce_op(r, g.comm), g.comm, s);
+                 });
   }
 
   // Composed from grouped send/recv, as NCCL has no scatter, gather or
   // all-to-all of its own.
   detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
-    co_await run(ctx, "scatter", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      const std::size_t block = out.bytes();
-      void* dst = st.out(out);
-      if (g.rank != root) return grouped(g, s, {}, {{root, dst, block}});
-      const char* src = static_cast<const char*>(st.in(in));
-      std::vector<transfer> sends;
-      for (int r = 0; r < g.size; ++r)
-        if (r != root) sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
-      local_copy(dst, src + block * unsigned(root), block, s);
-      return grouped(g, s, sends, {});
-    });
+    co_await run(ctx, "scatter", std::max(in.bytes(), out.bytes()),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   const std::size_t block = out.bytes();
+                   void* dst = st.out(out);
+                   if (g.rank != root) return grouped(g, s, {}, {{root, dst, block}});
+                   const char* src = static_cast<const char*>(st.in(in));
+                   std::vector<transfer> sends;
+                   for (int r = 0; r < g.size; ++r)
+                     if (r != root)
+                       sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
+                   local_copy(dst, src + block * unsigned(root), block, s);
+                   return grouped(g, s, sends, {});
+                 });
   }
   detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
-    co_await run(ctx, "gather", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      const std::size_t block = in.bytes();
-      const void* src = st.in(in);
-      if (g.rank != root) return grouped(g, s, {{root, const_cast<void*>(src), block}}, {});
-      char* dst = static_cast<char*>(st.out(out));
-      std::vector<transfer> recvs;
-      for (int r = 0; r < g.size; ++r)
-        if (r != root) recvs.push_back({r, dst + block * unsigned(r), block});
-      local_copy(dst + block * unsigned(root), src, block, s);
-      return grouped(g, s, {}, recvs);
-    });
+    co_await run(ctx, "gather", std::max(in.bytes(), out.bytes()),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   const std::size_t block = in.bytes();
+                   const void* src = st.in(in);
+                   if (g.rank != root)
+                     return grouped(g, s, {{root, const_cast<void*>(src), block}}, {});
+                   char* dst = static_cast<char*>(st.out(out));
+                   std::vector<transfer> recvs;
+                   for (int r = 0; r < g.size; ++r)
+                     if (r != root) recvs.push_back({r, dst + block * unsigned(r), block});
+                   local_copy(dst + block * unsigned(root), src, block, s);
+                   return grouped(g, s, {}, recvs);
+                 });
   }
   detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
-    co_await run(ctx, "all_to_all", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      const std::size_t block = out.bytes() / unsigned(g.size);
-      char* dst = static_cast<char*>(st.out(out, in.data == out.data));
-      const char* src = static_cast<const char*>(st.in(in));
-      if (in.data == out.data && out.bytes()) {  // in place: send from a copy
-        void* copy = st.allocate(out.bytes());
-        local_copy(copy, dst, out.bytes(), s);
-        src = static_cast<const char*>(copy);
-      }
-      std::vector<transfer> sends, recvs;
-      for (int r = 0; r < g.size; ++r)
-        if (r != g.rank) {
-          sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
-          recvs.push_back({r, dst + block * unsigned(r), block});
-        }
-      local_copy(dst + block * unsigned(g.rank), src + block * unsigned(g.rank), block, s);
-      return grouped(g, s, sends, recvs);
-    });
+    co_await run(
+        ctx, "all_to_all", out.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+          const std::size_t block = out.bytes() / unsigned(g.size);
+          char* dst = static_cast<char*>(st.out(out, in.data == out.data));
+          const char* src = static_cast<const char*>(st.in(in));
+          if (in.data == out.data && out.bytes()) {  // in place: send from a copy
+            void* copy = st.allocate(out.bytes());
+            local_copy(copy, dst, out.bytes(), s);
+            src = static_cast<const char*>(copy);
+          }
+          std::vector<transfer> sends, recvs;
+          for (int r = 0; r < g.size; ++r)
+            if (r != g.rank) {
+              sends.push_back({r, const_cast<char*>(src) + block * unsigned(r), block});
+              recvs.push_back({r, dst + block * unsigned(r), block});
+            }
+          local_copy(dst + block * unsigned(g.rank), src + block * unsigned(g.rank), block, s);
+          return grouped(g, s, sends, recvs);
+        });
   }
 
   // The counts first (through device memory), then the data.
@@ -533,23 +624,24 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     std::vector<std::size_t> counts(all.begin(), all.end());
     tensor_view out = alloc(counts);
     const std::size_t element = size_of(in.type);
-    co_await run(ctx, "all_gather_v", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      const void* src = st.in(in);
-      char* dst = static_cast<char*>(st.out(out));
-      std::vector<transfer> sends, recvs;
-      std::size_t at = 0;
-      for (int r = 0; r < g.size; ++r) {
-        const std::size_t bytes = counts[unsigned(r)] * element;
-        if (r == g.rank)
-          local_copy(dst + at, src, bytes, s);
-        else {
-          sends.push_back({r, const_cast<void*>(src), in.bytes()});
-          recvs.push_back({r, dst + at, bytes});
-        }
-        at += bytes;
-      }
-      return grouped(g, s, sends, recvs);
-    });
+    co_await run(ctx, "all_gather_v", out.bytes(),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   const void* src = st.in(in);
+                   char* dst = static_cast<char*>(st.out(out));
+                   std::vector<transfer> sends, recvs;
+                   std::size_t at = 0;
+                   for (int r = 0; r < g.size; ++r) {
+                     const std::size_t bytes = counts[unsigned(r)] * element;
+                     if (r == g.rank)
+                       local_copy(dst + at, src, bytes, s);
+                     else {
+                       sends.push_back({r, const_cast<void*>(src), in.bytes()});
+                       recvs.push_back({r, dst + at, bytes});
+                     }
+                     at += bytes;
+                   }
+                   return grouped(g, s, sends, recvs);
+                 });
     co_return counts;
   }
   detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
@@ -562,29 +654,31 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     std::vector<std::size_t> counts(coming.begin(), coming.end());
     tensor_view out = alloc(counts);
     const std::size_t element = size_of(in.type);
-    co_await run(ctx, "all_to_all_v", [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
-      const char* src = static_cast<const char*>(st.in(in));
-      char* dst = static_cast<char*>(st.out(out));
-      std::vector<transfer> sends, recvs;
-      std::size_t from = 0, to = 0;
-      for (int r = 0; r < g.size; ++r) {
-        const std::size_t out_bytes = send_counts[unsigned(r)] * element;
-        const std::size_t in_bytes = counts[unsigned(r)] * element;
-        if (r == g.rank) {
-          if (out_bytes != in_bytes)
-            throw_error(errc::mismatch, {.operation = "all_to_all_v",
-                                         .rank = rank_,
-                                         .detail = "this rank's count to itself changed"});
-          local_copy(dst + to, src + from, in_bytes, s);
-        } else {
-          sends.push_back({r, const_cast<char*>(src) + from, out_bytes});
-          recvs.push_back({r, dst + to, in_bytes});
-        }
-        from += out_bytes;
-        to += in_bytes;
-      }
-      return grouped(g, s, sends, recvs);
-    });
+    co_await run(ctx, "all_to_all_v", std::max(in.bytes(), out.bytes()),
+                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                   const char* src = static_cast<const char*>(st.in(in));
+                   char* dst = static_cast<char*>(st.out(out));
+                   std::vector<transfer> sends, recvs;
+                   std::size_t from = 0, to = 0;
+                   for (int r = 0; r < g.size; ++r) {
+                     const std::size_t out_bytes = send_counts[unsigned(r)] * element;
+                     const std::size_t in_bytes = counts[unsigned(r)] * element;
+                     if (r == g.rank) {
+                       if (out_bytes != in_bytes)
+                         throw_error(errc::mismatch,
+                                     {.operation = "all_to_all_v",
+                                      .rank = rank_,
+                                      .detail = "this rank's count to itself changed"});
+                       local_copy(dst + to, src + from, in_bytes, s);
+                     } else {
+                       sends.push_back({r, const_cast<char*>(src) + from, out_bytes});
+                       recvs.push_back({r, dst + to, in_bytes});
+                     }
+                     from += out_bytes;
+                     to += in_bytes;
+                   }
+                   return grouped(g, s, sends, recvs);
+                 });
     co_return counts;
   }
 
@@ -597,10 +691,14 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     int size = 0;
     ncclComm_t comm = nullptr;
     cudaStream_t stream = nullptr;  // the awaited form's
-    float* scratch = nullptr;       // barrier's element
+    // Where the host functions that wake waiting operations queue, each
+    // behind its operation's event only (not behind later operations).
+    cudaStream_t waker = nullptr;
+    float* scratch = nullptr;  // barrier's element
     // The turnstile that issues this communicator's calls in start order.
     std::uint64_t next_ticket = 0;
     std::uint64_t serving = 0;
+    detail::nccl::completion_estimate estimate;  // of the awaited form's waits
   };
 
   // A byte range to or from a group rank.
@@ -623,9 +721,14 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     // A blocking stream: ordered after the legacy default stream's work, so
     // that tensors filled there are ready when the collective starts.
     cuda::check(cudaStreamCreate(&g->stream), "cudaStreamCreate");
+    if (auto e = cudaStreamCreateWithFlags(&g->waker, cudaStreamNonBlocking); e != cudaSuccess) {
+      (void)cudaStreamDestroy(g->stream);
+      cuda::check(e, "cudaStreamCreateWithFlags");
+    }
     void* p = nullptr;
     if (cudaMalloc(&p, sizeof(float)) != cudaSuccess) {
       (void)cudaStreamDestroy(g->stream);
+      (void)cudaStreamDestroy(g->waker);
       cuda::check(cudaGetLastError(), "cudaMalloc of the barrier's element");
     }
     g->scratch = static_cast<float*>(p);
@@ -719,8 +822,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // Until g's communicator has no call in progress (a non-blocking
   // communicator being made, or an enqueue NCCL finishes in the background).
   detail::task<void> settle(group& g, const op_context& ctx, const char* operation) {
-    for (auto pause = std::chrono::microseconds(50);;
-         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5))) {
+    const auto spin_until = clock::now() + o_.spin;
+    for (auto pause = std::chrono::microseconds(50);;) {
       check_alive();
       if (!g.comm)
         throw_error(errc::aborted, {.operation = operation,
@@ -737,8 +840,14 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
         abort_all(e);
         std::rethrow_exception(e);
       }
-      if (clock::now() >= ctx.deadline) timeout(g, ctx, operation, "NCCL was still busy");
-      co_await nap(std::min(ctx.deadline, clock::now() + pause));
+      const auto now = clock::now();
+      if (now >= ctx.deadline) timeout(g, ctx, operation, "NCCL was still busy");
+      // Every call on a non-blocking communicator is enqueued by a thread
+      // NCCL starts for it, usually done within microseconds: poll before
+      // sleeping.
+      if (now < spin_until) continue;
+      co_await nap(std::min(ctx.deadline, now + pause));
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
     }
   }
 
@@ -754,18 +863,19 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     std::rethrow_exception(e);
   }
 
-  // Issues the operation's NCCL calls in its turn, then waits for the GPU
-  // (or, stream-ordered, leaves a watcher that aborts on the deadline).
+  // Issues the operation's NCCL calls in its turn and records an event
+  // behind them, then waits for the GPU to pass it (or, stream-ordered,
+  // leaves a watcher that aborts on the deadline).
   template <class Enqueue>
-  detail::task<void> run(const op_context& ctx, const char* operation, Enqueue enqueue) {
+  detail::task<void> run(const op_context& ctx, const char* operation, std::size_t bytes,
+                         Enqueue enqueue) {
     check_alive();
     group& g = find_group(ctx, operation);
     const std::uint64_t ticket = g.next_ticket++;
     cudaStream_t s = ctx.stream ? ctx.stream : g.stream;
     detail::nccl::staging st(pinned_, s, !ctx.stream);
-    auto done = std::make_shared<detail::nccl::gpu_done>();
-    done->executor = ex_;
     co_await take_turn(g, ticket, ctx, operation);
+    pooled_event ev(*this);
     {
       struct turn {
         nccl_backend& b;
@@ -783,36 +893,121 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       if (r == ncclInProgress) co_await settle(g, ctx, operation);
       cuda::device_guard on(device_);
       st.finish();
-      auto* holder = new std::shared_ptr<detail::nccl::gpu_done>(done);
-      if (auto e = cudaLaunchHostFunc(s, &detail::nccl::on_gpu_done, holder); e != cudaSuccess) {
+      ev.event = take_event();
+      cuda::check(cudaEventRecord(ev.event, s), "cudaEventRecord");
+    }
+    if (ctx.stream) {
+      detail::start(
+          ex_, watch(shared_from_this(), std::exchange(ev.event, nullptr), g.id, ctx, operation),
+          [](std::exception_ptr) {});
+      co_return;
+    }
+    co_await wait_gpu(ev.event, g, ctx, operation, bytes);
+    st.copy_back();
+  }
+
+  // An event from the pool, given back when the operation is done with it.
+  struct pooled_event {
+    nccl_backend& b;
+    cudaEvent_t event;
+    explicit pooled_event(nccl_backend& backend, cudaEvent_t e = nullptr) : b(backend), event(e) {}
+    pooled_event(const pooled_event&) = delete;
+    pooled_event& operator=(const pooled_event&) = delete;
+    ~pooled_event() {
+      if (event) b.give_event(event);
+    }
+  };
+  cudaEvent_t take_event() {
+    if (!events_.empty()) {
+      cudaEvent_t e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+    cuda::device_guard on(device_);
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  // Re-recording an event that the GPU has not passed yet is fine: a wait
+  // on it already issued keeps the work it was recorded behind.
+  void give_event(cudaEvent_t e) {
+    if (released_)
+      (void)cudaEventDestroy(e);
+    else
+      events_.push_back(e);
+  }
+  static bool passed(cudaEvent_t e) {
+    const cudaError_t r = cudaEventQuery(e);
+    if (r == cudaErrorNotReady) return false;
+    cuda::check(r, "cudaEventQuery");
+    return true;
+  }
+
+  // Until the GPU has passed `ev`: asleep through most of the typical
+  // duration of such an operation (completion_estimate), polled for the
+  // rest or for options::spin, then asleep until a host function queued
+  // behind the event on the group's waker stream wakes it, and at every
+  // poll_interval to check NCCL's asynchronous error and the deadline.
+  detail::task<void> wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
+                              const char* operation, std::size_t bytes) {
+    const auto start = clock::now();
+    clock::duration poll = o_.spin;
+    if (o_.spin > clock::duration::zero()) {
+      if (auto sleep = g.estimate.sleep_for(operation, bytes); sleep > sleep.zero()) {
+        // Other operations' turns cut naps short: sleep on to the time.
+        for (const auto until = std::min(ctx.deadline, start + sleep); clock::now() < until;) {
+          co_await nap(until);
+          check_alive();
+        }
+        if (passed(ev)) {
+          g.estimate.overslept(operation, bytes);
+          co_return;
+        }
+      }
+      poll = g.estimate.poll_for(operation, bytes, o_.spin);
+    }
+    for (const auto poll_until = clock::now() + poll;;) {
+      if (passed(ev)) {
+        if (o_.spin > clock::duration::zero())
+          g.estimate.finished(operation, bytes, clock::now() - start);
+        co_return;
+      }
+      if (clock::now() >= poll_until) break;
+    }
+    check_alive();  // the waker stream exists until the backend is released
+    asio::steady_timer timer(ex_);
+    auto wake = std::make_shared<detail::nccl::gpu_wake>();
+    wake->executor = ex_;
+    wake->waiter = &timer;
+    struct unhook {
+      detail::nccl::gpu_wake& d;
+      ~unhook() { d.waiter = nullptr; }
+    } guard{*wake};
+    {
+      cuda::device_guard on(device_);
+      cuda::check(cudaStreamWaitEvent(g.waker, ev, 0), "cudaStreamWaitEvent");
+      auto* holder = new std::shared_ptr<detail::nccl::gpu_wake>(wake);
+      if (auto e = cudaLaunchHostFunc(g.waker, &detail::nccl::on_gpu_passed, holder);
+          e != cudaSuccess) {
         delete holder;
         cuda::check(e, "cudaLaunchHostFunc");
       }
     }
-    if (ctx.stream) {
-      detail::start(ex_, watch(shared_from_this(), done, g.id, ctx, operation),
-                    [](std::exception_ptr) {});
-      co_return;
-    }
-    co_await wait_gpu(*done, g, ctx, operation);
-    st.copy_back();
+    co_await sleep_until_passed(ev, g, ctx, operation, timer);
+    // Late by the wake-up: overslept() brings the estimate back.
+    if (o_.spin > clock::duration::zero())
+      g.estimate.finished(operation, bytes, clock::now() - start);
   }
 
-  detail::task<void> wait_gpu(detail::nccl::gpu_done& d, group& g, const op_context& ctx,
-                              const char* operation) {
-    asio::steady_timer timer(ex_);
-    d.waiter = &timer;
+  detail::task<void> sleep_until_passed(cudaEvent_t ev, group& g, const op_context& ctx,
+                                        const char* operation, asio::steady_timer& timer) {
     sleepers_.push_back(&timer);
     struct unhook {
       nccl_backend& b;
-      detail::nccl::gpu_done& d;
       asio::steady_timer& t;
-      ~unhook() {
-        d.waiter = nullptr;
-        std::erase(b.sleepers_, &t);
-      }
-    } guard{*this, d, timer};
-    while (!d.done.load(std::memory_order_acquire)) {
+      ~unhook() { std::erase(b.sleepers_, &t); }
+    } guard{*this, timer};
+    while (!passed(ev)) {
       check_alive();
       if (g.comm) {
         ncclResult_t state = ncclSuccess;
@@ -833,15 +1028,17 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     }
   }
 
-  // A stream-ordered operation's deadline: failures surface in the next
+  // A stream-ordered operation's deadline, checked every poll_interval
+  // without adding anything to the stream: failures surface in the next
   // operation, as the communicator is aborted.
-  static detail::task<void> watch(std::shared_ptr<nccl_backend> self,
-                                  std::shared_ptr<detail::nccl::gpu_done> done,
+  static detail::task<void> watch(std::shared_ptr<nccl_backend> self, cudaEvent_t ev,
                                   std::uint64_t group_id, op_context ctx, const char* operation) {
+    pooled_event held(*self, ev);
     auto it = self->groups_.find(group_id);
     if (it == self->groups_.end()) co_return;
+    asio::steady_timer timer(self->ex_);
     try {
-      co_await self->wait_gpu(*done, *it->second, ctx, operation);
+      co_await self->sleep_until_passed(ev, *it->second, ctx, operation, timer);
     } catch (...) {
       // Recorded by abort_all for every later operation.
     }
@@ -881,15 +1078,35 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
         ~turn() { b.end_turn(g); }
       } holding{*self, parent};
       co_await self->settle(parent, ctx, "ncclCommSplit");
-      cuda::device_guard on(self->device_);
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      ncclComm_t comm = nullptr;
-      const auto r =
-          ncclCommSplit(parent.comm, made ? color : NCCL_SPLIT_NOCOLOR, key, &comm, &config);
-      if (r != ncclSuccess && r != ncclInProgress)
-        self->fail(r, "ncclCommSplit of " + parent.name, parent.comm);
-      if (made) made->comm = comm;
+      // A non-blocking split returns at once; NCCL's thread writes the new
+      // communicator (null for NCCL_SPLIT_NOCOLOR) into *slot when it is
+      // made, and the parent is busy until then. The slot outlives this
+      // frame: freed once the parent has settled, left behind if it never
+      // does (the split was aborted, and NCCL may still write).
+      auto* slot = new ncclComm_t(nullptr);
+      {
+        cuda::device_guard on(self->device_);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        const auto r =
+            ncclCommSplit(parent.comm, made ? color : NCCL_SPLIT_NOCOLOR, key, slot, &config);
+        if (r != ncclSuccess && r != ncclInProgress) {
+          delete slot;  // NCCL has given up on it
+          self->fail(r, "ncclCommSplit of " + parent.name, parent.comm);
+        }
+      }
+      co_await self->settle(parent, ctx, "ncclCommSplit");
+      ncclComm_t comm = std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire);
+      delete slot;
+      if (made) {
+        if (!comm)
+          throw_error(
+              errc::device_error,
+              {.operation = "ncclCommSplit of " + parent.name,
+               .rank = self->rank_,
+               .detail = "NCCL finished the split without a communicator for " + made->name});
+        made->comm = comm;
+      }
     } catch (...) {
       self->abort_all(std::current_exception());
     }
@@ -938,14 +1155,17 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
         g->comm = nullptr;
       }
       // Its host functions have run once the stream is drained.
-      if (g->stream) {
-        (void)cudaStreamSynchronize(g->stream);
-        (void)cudaStreamDestroy(g->stream);
-        g->stream = nullptr;
-      }
+      for (cudaStream_t* st : {&g->stream, &g->waker})
+        if (*st) {
+          (void)cudaStreamSynchronize(*st);
+          (void)cudaStreamDestroy(*st);
+          *st = nullptr;
+        }
       if (g->scratch) (void)cudaFree(g->scratch);
       g->scratch = nullptr;
     }
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    events_.clear();
     if (switched) (void)cudaSetDevice(previous);
     for (auto* t : sleepers_) t->cancel();
   }
@@ -961,6 +1181,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // earlier work, which can wait on peers, stalling the executor).
   detail::pinned_blocks pinned_;
   std::vector<asio::steady_timer*> sleepers_;  // timers abort_all cuts short
+  std::vector<cudaEvent_t> events_;            // recorded behind operations, reused
   std::exception_ptr failure_;                 // set: every operation fails with it
   bool released_ = false;
 };
