@@ -193,6 +193,93 @@ TEST_SUITE("tcp cuda") {
       co_await c.all_reduce(empty, dcomm::sum);
     });
   }
+
+  TEST_CASE("slice by slice: element-wise operations on tensors larger than staging_slice") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (!gpu_present()) return;
+    // staging_slice of 4 KiB: 100003 int64 (781 KiB) go in 255 slices (the
+    // most there are, so 393 elements each), 1001 in 2; the ring, the chain
+    // and recursive doubling run per slice, as their sizes choose.
+    for (std::size_t count : {std::size_t{1001}, std::size_t{100003}}) {
+      CAPTURE(count);
+      dcomm::tcp_backend::options o;
+      o.staging_slice = 4096;
+      DCOMM_REQUIRE_WORLD(
+          3,
+          [count](dcomm::test::comm& c, int r) -> asio::awaitable<void> {
+            using dcomm::test::require;
+            const int n = c.size();
+            auto pattern = [](int rank, std::size_t i) {
+              return static_cast<std::int64_t>(rank * 1000003 + static_cast<int>(i % 99991));
+            };
+            std::vector<std::int64_t> mine(count), sum(count), from1(count);
+            for (std::size_t i = 0; i < count; ++i) {
+              mine[i] = pattern(r, i);
+              from1[i] = pattern(1, i);
+              for (int q = 0; q < n; ++q) sum[i] += pattern(q, i);
+            }
+            auto buf = upload(mine);
+            co_await c.all_reduce(buf, dcomm::sum);
+            require(download(buf) == sum, "all_reduce in place");
+            auto in = upload(mine);
+            dcomm::cuda::device_buffer<std::int64_t> out(count);
+            co_await c.all_reduce(in, out, dcomm::sum);
+            require(download(out) == sum && download(in) == mine, "all_reduce out of place");
+
+            auto b = upload(r == 1 ? mine : std::vector<std::int64_t>(count, -1));
+            co_await c.broadcast(b, 1);
+            require(download(b) == from1, "broadcast");
+
+            auto red = upload(std::vector<std::int64_t>(count, 7));
+            co_await c.reduce(in, red, 2, dcomm::sum);
+            require(download(red) == (r == 2 ? sum : std::vector<std::int64_t>(count, 7)),
+                    "reduce: the root has the sum, the others' output is untouched");
+            auto red_in_place = upload(mine);
+            co_await c.reduce(red_in_place, 0, dcomm::max);
+            if (r == 0) {
+              std::vector<std::int64_t> top(count);
+              for (std::size_t i = 0; i < count; ++i) top[i] = pattern(n - 1, i);
+              require(download(red_in_place) == top, "reduce in place at the root");
+            }
+
+            // Two messages with the same tag arrive in order (send and recv
+            // stage whole tensors: a sliced send could be overtaken).
+            const int next = (r + 1) % n, prev = (r + n - 1) % n;
+            dcomm::cuda::device_buffer<std::int64_t> first(count), second(count / 2);
+            auto r1 = c.irecv(first, prev, 5);
+            auto r2 = c.irecv(second, prev, 5);
+            auto half = upload(
+                std::vector<std::int64_t>(mine.begin(), mine.begin() + std::ptrdiff_t(count / 2)));
+            auto s1 = c.isend(in, next, 5);
+            auto s2 = c.isend(half, next, 5);
+            co_await r1.async_wait();
+            co_await r2.async_wait();
+            co_await s1.async_wait();
+            co_await s2.async_wait();
+            auto got = download(first), got2 = download(second);
+            for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(prev, i), "send 1");
+            for (std::size_t i = 0; i < count / 2; ++i)
+              require(got2[i] == pattern(prev, i), "send 2");
+
+            // A size mismatch is caught by the receiver; the sender of an
+            // eager message may not hear of it.
+            if (r < 2) {
+              dcomm::cuda::device_buffer<std::int64_t> wrong(r == 0 ? count : count + 1);
+              try {
+                if (r == 0) {
+                  co_await c.send(wrong, 1, 9);
+                } else {
+                  co_await c.recv(wrong, 0, 9);
+                  require(false, "a size mismatch went through");
+                }
+              } catch (const dcomm::error& e) {
+                require(e.code() == dcomm::errc::mismatch, e.what());
+              }
+            }
+          },
+          std::chrono::seconds(60), o);
+    }
+  }
 }
 
 #if DCOMM_HAS_NCCL

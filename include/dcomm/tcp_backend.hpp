@@ -106,6 +106,12 @@ class tcp_backend {
     std::size_t small_broadcast = 256 * 1024;
     std::size_t small_all_gather = 64 * 1024;
     std::size_t small_reduce_scatter = 64 * 1024;
+    // CUDA tensors larger than this go slice by slice in broadcast, reduce
+    // and all_reduce, their copies to and from the device overlapped with
+    // the network. The other operations stage them whole; send and recv
+    // too: a send that waited for its first slice could be overtaken by a
+    // later send with the same tag, and messages must not overtake.
+    std::size_t staging_slice = 4 * 1024 * 1024;
     // Per-operation algorithm overrides, "all_reduce=ring,broadcast=chain".
     std::string algorithms = [] {
       const char* v = std::getenv("DCOMM_ALGO");
@@ -215,6 +221,17 @@ class tcp_backend {
   }
 
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
+    if (sliced(buf) && ctx.group->size() > 1) {
+      using detail::tcp_net::coll_op;
+      detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
+                              "broadcast");
+      const bool is_root = ctx.group->rank == root;
+      co_await sliced_call(c, ctx, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data, buf,
+                           "broadcast", [&](void* host, std::size_t n) -> detail::task<void> {
+                             co_await broadcast_on(c, ctx, host, n * size_of(buf.type), root);
+                           });
+      co_return;
+    }
     if (detail::on_device(buf)) {
       detail::host_staging st(pinned_);
       co_await broadcast(ctx, st.out(buf, ctx.group->rank == root), root);
@@ -226,20 +243,29 @@ class tcp_backend {
                             "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (c.size() == 1) co_return;
-      auto a = choose(c, ctx, coll_op::broadcast, buf.bytes() <= o_.small_broadcast,
-                      algorithm::binomial_tree, algorithm::chain);
-      if (a == algorithm::binomial_tree)
-        co_await detail::tcp_net::binomial_broadcast(c, buf.data, buf.bytes(), root);
-      else
-        co_await detail::tcp_net::chain_broadcast(c, buf.data, buf.bytes(), root, o_.chunk_bytes);
+      co_await broadcast_on(c, ctx, buf.data, buf.bytes(), root);
     });
   }
 
   detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
                             int root) {
+    const bool in_place = in.data == out.data;
+    if (sliced(in) && (in_place || sliced(out))) {
+      using detail::tcp_net::coll_op;
+      detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
+                              "reduce");
+      // In place on a slice of the block: the result goes back to the
+      // root's output, and to a non-root's buffer only if it is also its
+      // input (which the host algorithm may have used).
+      const bool back = ctx.group->rank == root || in_place;
+      co_await sliced_call(c, ctx, in.data, back ? out.data : nullptr, in, "reduce",
+                           [&](void* host, std::size_t n) -> detail::task<void> {
+                             co_await reduce_on(c, ctx, host, host, n, in.type, op, root);
+                           });
+      co_return;
+    }
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
-      const bool in_place = in.data == out.data;
       auto host_out = st.out(out, in_place || ctx.group->rank != root);
       co_await reduce(ctx, in_place ? host_out : st.in(in), host_out, op, root);
       st.copy_back();
@@ -249,21 +275,24 @@ class tcp_backend {
     detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
                             "reduce");
     co_await c.run([&]() -> detail::task<void> {
-      auto a = choose(c, ctx, coll_op::reduce, in.bytes() <= o_.small_broadcast,
-                      algorithm::binomial_tree, algorithm::chain);
-      if (a == algorithm::binomial_tree || c.size() == 1)
-        co_await detail::tcp_net::binomial_reduce(c, in.data, out.data, in.count, size_of(in.type),
-                                                  op, root);
-      else
-        co_await detail::tcp_net::chain_reduce(c, in.data, out.data, in.count, size_of(in.type), op,
-                                               root, o_.chunk_bytes);
+      co_await reduce_on(c, ctx, in.data, out.data, in.count, in.type, op, root);
     });
   }
 
   detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op) {
+    const bool in_place = in.data == out.data;
+    if (sliced(out) && (in_place || sliced(in))) {
+      using detail::tcp_net::coll_op;
+      detail::tcp_net::call c(*net_, ctx, true,
+                              sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
+      co_await sliced_call(c, ctx, in.data, out.data, out, "all_reduce",
+                           [&](void* host, std::size_t n) -> detail::task<void> {
+                             co_await all_reduce_on(c, ctx, host, host, n, out.type, op);
+                           });
+      co_return;
+    }
     if (detail::on_device(in) || detail::on_device(out)) {
       detail::host_staging st(pinned_);
-      const bool in_place = in.data == out.data;
       auto host_out = st.out(out, in_place);
       co_await all_reduce(ctx, in_place ? host_out : st.in(in), host_out, op);
       st.copy_back();
@@ -273,19 +302,7 @@ class tcp_backend {
     detail::tcp_net::call c(*net_, ctx, true,
                             sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
     co_await c.run([&]() -> detail::task<void> {
-      const std::size_t es = size_of(out.type);
-      const bool in_place = in.data == out.data;
-      auto a = choose(
-          c, ctx, coll_op::all_reduce,
-          out.bytes() <= o_.small_all_reduce || out.count < static_cast<std::size_t>(c.size()),
-          algorithm::recursive_doubling, algorithm::ring);
-      if (a == algorithm::recursive_doubling || c.size() == 1) {
-        if (!in_place && out.count) std::memcpy(out.data, in.data, out.bytes());
-        co_await detail::tcp_net::recursive_doubling_all_reduce(c, out.data, out.count, es, op);
-      } else {
-        co_await detail::tcp_net::ring_all_reduce(c, in_place ? nullptr : in.data, out.data,
-                                                  out.count, es, op, o_.chunk_bytes);
-      }
+      co_await all_reduce_on(c, ctx, in.data, out.data, out.count, out.type, op);
     });
   }
 
@@ -476,6 +493,140 @@ class tcp_backend {
                 " and " + std::string(dcomm::name(for_large)) + ")");
     return a;
   }
+  // The host algorithms of the element-wise collectives, on whole buffers
+  // or on one slice of a staged CUDA tensor.
+  detail::task<void> broadcast_on(detail::tcp_net::call& c, const op_context& ctx, void* data,
+                                  std::size_t bytes, int root) {
+    using detail::tcp_net::coll_op;
+    auto a = choose(c, ctx, coll_op::broadcast, bytes <= o_.small_broadcast,
+                    algorithm::binomial_tree, algorithm::chain);
+    if (a == algorithm::binomial_tree)
+      co_await detail::tcp_net::binomial_broadcast(c, data, bytes, root);
+    else
+      co_await detail::tcp_net::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
+  }
+  detail::task<void> reduce_on(detail::tcp_net::call& c, const op_context& ctx, const void* in,
+                               void* out, std::size_t count, dtype type, const reducer& op,
+                               int root) {
+    using detail::tcp_net::coll_op;
+    const std::size_t es = size_of(type);
+    auto a = choose(c, ctx, coll_op::reduce, count * es <= o_.small_broadcast,
+                    algorithm::binomial_tree, algorithm::chain);
+    if (a == algorithm::binomial_tree || c.size() == 1)
+      co_await detail::tcp_net::binomial_reduce(c, in, out, count, es, op, root);
+    else
+      co_await detail::tcp_net::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
+  }
+  detail::task<void> all_reduce_on(detail::tcp_net::call& c, const op_context& ctx, const void* in,
+                                   void* out, std::size_t count, dtype type, const reducer& op) {
+    using detail::tcp_net::coll_op;
+    const std::size_t es = size_of(type);
+    const bool in_place = in == out;
+    auto a = choose(c, ctx, coll_op::all_reduce,
+                    count * es <= o_.small_all_reduce || count < static_cast<std::size_t>(c.size()),
+                    algorithm::recursive_doubling, algorithm::ring);
+    if (a == algorithm::recursive_doubling || c.size() == 1) {
+      if (!in_place && count) std::memcpy(out, in, count * es);
+      co_await detail::tcp_net::recursive_doubling_all_reduce(c, out, count, es, op);
+    } else {
+      co_await detail::tcp_net::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op,
+                                                o_.chunk_bytes);
+    }
+  }
+
+  // A CUDA tensor that goes slice by slice.
+  bool sliced(const const_tensor_view& v) const {
+    return detail::on_device(v) && v.bytes() > o_.staging_slice;
+  }
+
+  // One element-wise operation on a CUDA tensor, slice by slice within the
+  // one call `c` (which it runs): all its input slices are queued to the
+  // copy thread at once, each slice runs `body(host, count)` in place in its
+  // part of a page-locked block as soon as it is on the host, and its result
+  // is queued back to the device at once, so copies in both directions
+  // overlap the network. `src`: the device data this rank reads (null:
+  // none); `dst`: where its result goes (null: nowhere). Every slice's
+  // messages have steps of their own (call::set_step_base).
+  template <class Body>
+  detail::task<void> sliced_call(detail::tcp_net::call& c, const op_context& ctx, const void* src,
+                                 void* dst, const const_tensor_view& shape, const char* operation,
+                                 Body body) {
+    const std::size_t es = size_of(shape.type), count = shape.count;
+    const int device = shape.device.index;
+    // At most 255 slices: a slice's steps are its index << 24.
+    const std::size_t per = std::max({o_.staging_slice / es, std::size_t{1}, (count + 254) / 255});
+    const std::size_t slices = (count + per - 1) / per;
+    auto block = pinned_.take(count * es);
+    char* host = static_cast<char*>(block.data);
+    auto copies = std::make_shared<detail::copy_thread::batch>();
+    std::size_t queued = 0;
+    auto offset = [&](std::size_t k) { return k * per * es; };
+    auto length = [&](std::size_t k) { return (std::min(count, (k + 1) * per) - k * per) * es; };
+    if (src)
+      for (std::size_t k = 0; k < slices; ++k, ++queued)
+        copies_.to_host(copies, host + offset(k), static_cast<const char*>(src) + offset(k),
+                        length(k), device);
+    std::exception_ptr failure;
+    try {
+      // run() waits for every message, sends from the block included, or
+      // takes them all back on a failure, before it returns.
+      co_await c.run([&]() -> detail::task<void> {
+        for (std::size_t k = 0; k < slices; ++k) {
+          if (src) co_await copies_done(*copies, k + 1, ctx.deadline, operation);
+          c.set_step_base(static_cast<std::uint32_t>(k << 24));
+          co_await body(host + offset(k), length(k) / es);
+          if (dst) {
+            copies_.to_device(copies, static_cast<char*>(dst) + offset(k), host + offset(k),
+                              length(k), device);
+            ++queued;
+          }
+        }
+      });
+      co_await copies_done(*copies, queued, ctx.deadline, operation);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) {
+      // Nothing may copy into or out of the block once it is given back:
+      // skip what has not started and wait for the copy in progress (a
+      // local copy; if even that does not end, the block is left behind).
+      copies->cancelled.store(true, std::memory_order_release);
+      try {
+        co_await copies_done(*copies, queued, clock::now() + std::chrono::seconds(10), operation,
+                             false);
+      } catch (...) {
+        std::rethrow_exception(failure);
+      }
+      pinned_.give(block);
+      std::rethrow_exception(failure);
+    }
+    pinned_.give(block);
+  }
+
+  // Until `n` copies of the batch are done (or skipped); a failed copy is
+  // rethrown unless `rethrow` is false.
+  detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
+                                 clock::time_point deadline, const char* operation,
+                                 bool rethrow = true) {
+    asio::steady_timer timer(ex_);
+    b.waiter = &timer;
+    struct unhook {
+      detail::copy_thread::batch& b;
+      ~unhook() { b.waiter = nullptr; }
+    } guard{b};
+    while (b.done < n) {
+      if (rethrow && b.failure) std::rethrow_exception(b.failure);
+      if (clock::now() >= deadline)
+        throw_error(errc::timeout, {.operation = operation,
+                                    .rank = rank(),
+                                    .detail = "the deadline passed while copying a slice of a "
+                                              "CUDA tensor between host and device"});
+      timer.expires_at(deadline);
+      co_await timer.async_wait(detail::use_task);
+    }
+    if (rethrow && b.failure) std::rethrow_exception(b.failure);
+  }
+
   void only_direct(detail::tcp_net::call& c, const op_context& ctx,
                    detail::tcp_net::coll_op op) const {
     if (ctx.algorithm != algorithm::automatic && ctx.algorithm != algorithm::direct)
@@ -488,6 +639,9 @@ class tcp_backend {
   options o_;
   std::map<detail::tcp_net::coll_op, algorithm> overrides_;
   detail::pinned_blocks pinned_;  // staging for CUDA tensors
+  // Copies of sliced CUDA tensors (its thread starts with the first one);
+  // gone before the blocks it copies into.
+  detail::copy_thread copies_{ex_};
 };
 
 static_assert(backend<tcp_backend>);

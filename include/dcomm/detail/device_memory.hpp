@@ -5,7 +5,17 @@
 #pragma once
 
 #include <algorithm>
+#include <asio/any_io_executor.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dcomm/tensor.hpp"
@@ -119,6 +129,94 @@ class host_staging {
   pinned_blocks& pool_;
   std::vector<pinned_blocks::block> taken_;
   std::vector<copy> back_;
+};
+
+// Copies between host and device memory on a thread of their own, in the
+// order they were queued, so that the executor moves one slice of a staged
+// tensor over the network while others are copied. Each copy, done or
+// skipped, is posted back to the executor and counted in its batch.
+class copy_thread {
+ public:
+  // One operation's copies. `done`, `failure` and `waiter` are the
+  // executor's; `cancelled` skips the copies not started yet.
+  struct batch {
+    std::size_t done = 0;
+    std::exception_ptr failure;
+    asio::steady_timer* waiter = nullptr;
+    std::atomic<bool> cancelled{false};
+  };
+
+  explicit copy_thread(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  copy_thread(const copy_thread&) = delete;
+  copy_thread& operator=(const copy_thread&) = delete;
+  ~copy_thread() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void to_host(const std::shared_ptr<batch>& b, void* host, const void* device_data,
+               std::size_t bytes, int device) {
+    queue({b, host, device_data, bytes, device, false});
+  }
+  void to_device(const std::shared_ptr<batch>& b, void* device_data, const void* host,
+                 std::size_t bytes, int device) {
+    queue({b, device_data, host, bytes, device, true});
+  }
+
+ private:
+  struct job {
+    std::shared_ptr<batch> b;
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+    int device;
+    bool to_device;
+  };
+  void queue(job j) {
+    {
+      std::lock_guard lock(m_);
+      jobs_.push_back(std::move(j));
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    }
+    cv_.notify_one();
+  }
+  void run() {
+    for (;;) {
+      job j;
+      {
+        std::unique_lock lock(m_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (stop_) return;
+        j = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::exception_ptr failed;
+      if (!j.b->cancelled.load(std::memory_order_acquire)) try {
+          if (j.to_device)
+            device_memory()->to_device(j.dst, j.src, j.bytes, j.device);
+          else
+            device_memory()->to_host(j.dst, j.src, j.bytes, j.device);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      asio::post(ex_, [b = std::move(j.b), failed] {
+        ++b->done;
+        if (failed && !b->failure) b->failure = failed;
+        if (b->waiter) b->waiter->cancel();
+      });
+    }
+  }
+
+  asio::any_io_executor ex_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // started with the first copy
 };
 
 }  // namespace dcomm::detail

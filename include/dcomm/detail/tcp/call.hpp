@@ -86,6 +86,11 @@ class call {
     return it;
   }
 
+  // Added to every step from now on: an algorithm run again within the
+  // same call (one slice of a staged CUDA tensor after another) keeps its
+  // messages apart from the previous run's.
+  void set_step_base(std::uint32_t base) { step_base_ = base; }
+
   // A message already done needs no wait, and saves the wait's coroutine
   // frames (pipelines test this per chunk).
   static bool done(const io_item& it) { return it.state == item_state::done; }
@@ -128,7 +133,7 @@ class call {
     io_item& it = t_.new_item(op_);
     it.peer = global(group_peer);
     it.key = key_;
-    it.key.step = step;
+    it.key.step = step_base_ + step;
     it.sig = op_.sig;
     it.bytes = bytes;
     return it;
@@ -138,6 +143,7 @@ class call {
   group_state& group_;
   op_state op_;
   match_key key_{};
+  std::uint32_t step_base_ = 0;
 };
 
 inline char* bytes_at(void* p, std::size_t offset) {
