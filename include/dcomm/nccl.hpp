@@ -829,17 +829,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
         throw_error(errc::aborted, {.operation = operation,
                                     .rank = rank_,
                                     .detail = "the NCCL communicator of " + g.name + " is gone"});
-      ncclResult_t state = ncclSuccess;
-      nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
-      if (state == ncclSuccess) co_return;
-      if (state != ncclInProgress) {
-        auto e = make_error(detail::nccl::error_for(state),
-                            {.operation = operation,
-                             .rank = rank_,
-                             .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
-        abort_all(e);
-        std::rethrow_exception(e);
-      }
+      if (async_state(g, operation) == ncclSuccess) co_return;
       const auto now = clock::now();
       if (now >= ctx.deadline) timeout(g, ctx, operation, "NCCL was still busy");
       // Every call on a non-blocking communicator is enqueued by a thread
@@ -849,6 +839,20 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       co_await nap(std::min(ctx.deadline, now + pause));
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
     }
+  }
+
+  // NCCL's asynchronous state of g (ncclSuccess or ncclInProgress); an
+  // error aborts every communicator and is thrown, naming the operation.
+  ncclResult_t async_state(group& g, const char* operation) {
+    ncclResult_t state = ncclSuccess;
+    nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
+    if (state == ncclSuccess || state == ncclInProgress) return state;
+    auto e = make_error(detail::nccl::error_for(state),
+                        {.operation = operation,
+                         .rank = rank_,
+                         .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
+    abort_all(e);
+    std::rethrow_exception(e);
   }
 
   [[noreturn]] void timeout(group& g, const op_context& ctx, const char* operation,
@@ -1009,18 +1013,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     } guard{*this, timer};
     while (!passed(ev)) {
       check_alive();
-      if (g.comm) {
-        ncclResult_t state = ncclSuccess;
-        nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
-        if (state != ncclSuccess && state != ncclInProgress) {
-          auto e = make_error(detail::nccl::error_for(state),
-                              {.operation = operation,
-                               .rank = rank_,
-                               .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
-          abort_all(e);
-          std::rethrow_exception(e);
-        }
-      }
+      if (g.comm) async_state(g, operation);
       const auto now = clock::now();
       if (now >= ctx.deadline) timeout(g, ctx, operation, "waiting for the GPU");
       timer.expires_at(std::min(ctx.deadline, now + o_.poll_interval));
