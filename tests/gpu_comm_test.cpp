@@ -18,6 +18,7 @@
 #include "dcomm/store/hash_store.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
+#include "support/staged_cases.hpp"
 #if DCOMM_HAS_NCCL
 #include "dcomm/nccl.hpp"
 #endif
@@ -52,6 +53,20 @@ std::vector<T> download(const dcomm::cuda::device_buffer<T>& d) {
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error(what);
 }
+
+// Device buffers for the staged cases (support/staged_cases.hpp).
+struct cuda_memory {
+  template <class T>
+  using buffer = dcomm::cuda::device_buffer<T>;
+  template <class T>
+  static buffer<T> upload(const std::vector<T>& host) {
+    return ::upload(host);
+  }
+  template <class T>
+  static std::vector<T> download(const buffer<T>& d) {
+    return ::download(d);
+  }
+};
 
 #if DCOMM_HAS_NCCL
 using nccl_comm = dcomm::communicator<dcomm::nccl_backend>;
@@ -106,179 +121,19 @@ TEST_SUITE("tcp cuda") {
   TEST_CASE("three ranks on one GPU: every collective and send/recv on device buffers") {
     DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
-    DCOMM_REQUIRE_WORLD(3, [](dcomm::test::comm& c, int r) -> asio::awaitable<void> {
-      using dcomm::test::require;
-      const int n = c.size();
-      const std::size_t count = 1001;  // not a multiple of the world
-      auto pattern = [](int rank, std::size_t i) {
-        return static_cast<std::int64_t>(rank * 1000003 + static_cast<int>(i));
-      };
-      std::vector<std::int64_t> mine(count);
-      for (std::size_t i = 0; i < count; ++i) mine[i] = pattern(r, i);
-      std::vector<std::int64_t> sum(count);
-      for (std::size_t i = 0; i < count; ++i)
-        for (int q = 0; q < n; ++q) sum[i] += pattern(q, i);
-
-      auto buf = upload(mine);
-      co_await c.all_reduce(buf, dcomm::sum);  // in place; large enough for the ring
-      require(download(buf) == sum, "all_reduce in place");
-      auto in = upload(mine);
-      dcomm::cuda::device_buffer<std::int64_t> out(count);
-      co_await c.all_reduce(in, out, dcomm::sum);
-      require(download(out) == sum, "all_reduce out of place");
-      require(download(in) == mine, "all_reduce left its input alone");
-
-      auto b = upload(r == 1 ? mine : std::vector<std::int64_t>(count, -1));
-      co_await c.broadcast(b, 1);
-      std::vector<std::int64_t> from1(count);
-      for (std::size_t i = 0; i < count; ++i) from1[i] = pattern(1, i);
-      require(download(b) == from1, "broadcast");
-
-      auto red = upload(std::vector<std::int64_t>(count, 7));
-      co_await c.reduce(in, red, 2, dcomm::sum);
-      require(download(red) == (r == 2 ? sum : std::vector<std::int64_t>(count, 7)),
-              "reduce: the root has the sum, the others' output is untouched");
-
-      dcomm::cuda::device_buffer<std::int64_t> all(count * 3);
-      co_await c.all_gather(in, all);
-      auto gathered = download(all);
-      for (int q = 0; q < n; ++q)
-        for (std::size_t i = 0; i < count; ++i)
-          require(gathered[std::size_t(q) * count + i] == pattern(q, i), "all_gather");
-
-      dcomm::cuda::device_buffer<std::int64_t> part(count);
-      co_await c.reduce_scatter(all, part, dcomm::sum);  // every block summed over 3 ranks
-      auto got = download(part);
-      for (std::size_t i = 0; i < count; ++i)
-        require(got[i] == 3 * pattern(r, i), "reduce_scatter");
-
-      co_await c.scatter(all, part, 0);
-      got = download(part);
-      for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(r, i), "scatter");
-
-      auto g = upload(std::vector<std::int64_t>(count * 3, -5));
-      co_await c.gather(in, g, 0);
-      auto gv = download(g);
-      if (r == 0)
-        require(gv == gathered, "gather at the root");
-      else
-        require(gv == std::vector<std::int64_t>(count * 3, -5), "gather left the others alone");
-
-      // all_to_all in place: block j of rank i goes to block i of rank j.
-      std::vector<std::int64_t> blocks(count * 3);
-      for (int j = 0; j < n; ++j)
-        for (std::size_t i = 0; i < count; ++i)
-          blocks[std::size_t(j) * count + i] = pattern(r, i) * 10 + j;
-      auto a2a = upload(blocks);
-      co_await c.all_to_all(a2a);
-      auto av = download(a2a);
-      for (int q = 0; q < n; ++q)
-        for (std::size_t i = 0; i < count; ++i)
-          require(av[std::size_t(q) * count + i] == pattern(q, i) * 10 + r, "all_to_all in place");
-
-      std::vector<std::int64_t> v;
-      auto counts = co_await c.all_gather_v(in, v);
-      require(counts == std::vector<std::size_t>(3, count) && v == gathered, "all_gather_v");
-
-      // send/recv around the ring, into device memory.
-      auto next = (r + 1) % n, prev = (r + n - 1) % n;
-      dcomm::cuda::device_buffer<std::int64_t> incoming(count);
-      auto req = c.irecv(incoming, prev, 3);
-      co_await c.send(in, next, 3);
-      co_await req.async_wait();
-      got = download(incoming);
-      for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(prev, i), "send/recv");
-
-      dcomm::cuda::device_buffer<float> empty;
-      co_await c.all_reduce(empty, dcomm::sum);
-    });
+    dcomm::test::staged::every_operation<cuda_memory>();
   }
 
-  TEST_CASE("slice by slice: element-wise operations on tensors larger than staging_slice") {
+  TEST_CASE("slice by slice: send, recv and element-wise collectives beyond staging_slice") {
     DCOMM_TEST_DEADLINE(120s);
     if (!gpu_present()) return;
-    // staging_slice of 4 KiB: 100003 int64 (781 KiB) go in 255 slices (the
-    // most there are, so 393 elements each), 1001 in 2; the ring, the chain
-    // and recursive doubling run per slice, as their sizes choose.
-    for (std::size_t count : {std::size_t{1001}, std::size_t{100003}}) {
-      CAPTURE(count);
-      dcomm::tcp_backend::options o;
-      o.staging_slice = 4096;
-      DCOMM_REQUIRE_WORLD(
-          3,
-          [count](dcomm::test::comm& c, int r) -> asio::awaitable<void> {
-            using dcomm::test::require;
-            const int n = c.size();
-            auto pattern = [](int rank, std::size_t i) {
-              return static_cast<std::int64_t>(rank * 1000003 + static_cast<int>(i % 99991));
-            };
-            std::vector<std::int64_t> mine(count), sum(count), from1(count);
-            for (std::size_t i = 0; i < count; ++i) {
-              mine[i] = pattern(r, i);
-              from1[i] = pattern(1, i);
-              for (int q = 0; q < n; ++q) sum[i] += pattern(q, i);
-            }
-            auto buf = upload(mine);
-            co_await c.all_reduce(buf, dcomm::sum);
-            require(download(buf) == sum, "all_reduce in place");
-            auto in = upload(mine);
-            dcomm::cuda::device_buffer<std::int64_t> out(count);
-            co_await c.all_reduce(in, out, dcomm::sum);
-            require(download(out) == sum && download(in) == mine, "all_reduce out of place");
+    dcomm::test::staged::slice_by_slice<cuda_memory>();
+  }
 
-            auto b = upload(r == 1 ? mine : std::vector<std::int64_t>(count, -1));
-            co_await c.broadcast(b, 1);
-            require(download(b) == from1, "broadcast");
-
-            auto red = upload(std::vector<std::int64_t>(count, 7));
-            co_await c.reduce(in, red, 2, dcomm::sum);
-            require(download(red) == (r == 2 ? sum : std::vector<std::int64_t>(count, 7)),
-                    "reduce: the root has the sum, the others' output is untouched");
-            auto red_in_place = upload(mine);
-            co_await c.reduce(red_in_place, 0, dcomm::max);
-            if (r == 0) {
-              std::vector<std::int64_t> top(count);
-              for (std::size_t i = 0; i < count; ++i) top[i] = pattern(n - 1, i);
-              require(download(red_in_place) == top, "reduce in place at the root");
-            }
-
-            // Two messages with the same tag arrive in order (send and recv
-            // stage whole tensors: a sliced send could be overtaken).
-            const int next = (r + 1) % n, prev = (r + n - 1) % n;
-            dcomm::cuda::device_buffer<std::int64_t> first(count), second(count / 2);
-            auto r1 = c.irecv(first, prev, 5);
-            auto r2 = c.irecv(second, prev, 5);
-            auto half = upload(
-                std::vector<std::int64_t>(mine.begin(), mine.begin() + std::ptrdiff_t(count / 2)));
-            auto s1 = c.isend(in, next, 5);
-            auto s2 = c.isend(half, next, 5);
-            co_await r1.async_wait();
-            co_await r2.async_wait();
-            co_await s1.async_wait();
-            co_await s2.async_wait();
-            auto got = download(first), got2 = download(second);
-            for (std::size_t i = 0; i < count; ++i) require(got[i] == pattern(prev, i), "send 1");
-            for (std::size_t i = 0; i < count / 2; ++i)
-              require(got2[i] == pattern(prev, i), "send 2");
-
-            // A size mismatch is caught by the receiver; the sender of an
-            // eager message may not hear of it.
-            if (r < 2) {
-              dcomm::cuda::device_buffer<std::int64_t> wrong(r == 0 ? count : count + 1);
-              try {
-                if (r == 0) {
-                  co_await c.send(wrong, 1, 9);
-                } else {
-                  co_await c.recv(wrong, 0, 9);
-                  require(false, "a size mismatch went through");
-                }
-              } catch (const dcomm::error& e) {
-                require(e.code() == dcomm::errc::mismatch, e.what());
-              }
-            }
-          },
-          std::chrono::seconds(60), o);
-    }
+  TEST_CASE("a collective's ranks must agree on slicing, else mismatch on every rank") {
+    DCOMM_TEST_DEADLINE(60s);
+    if (!gpu_present()) return;
+    dcomm::test::staged::slicing_must_agree<cuda_memory>();
   }
 }
 

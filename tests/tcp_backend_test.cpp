@@ -14,9 +14,11 @@
 #include "dcomm/spawn.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
+#include "support/emulated_device.hpp"
 #include "support/fork_world.hpp"
 #include "support/heap_counter.hpp"
 #include "support/listening_socket.hpp"
+#include "support/staged_cases.hpp"
 
 using namespace std::chrono_literals;
 using dcomm::test::check_failed;
@@ -520,5 +522,171 @@ TEST_SUITE("tcp allocations") {
         CHECK(t.new_calls < static_cast<std::uint64_t>(calls) / 2);
         CHECK(t.heap < static_cast<std::uint64_t>(calls));
       }
+  }
+}
+
+// CUDA tensors over tcp without a GPU: the staging logic on emulated device
+// memory (support/emulated_device.hpp), copies paused at random so that
+// they finish in ever different orders relative to the network. gpu_tests
+// runs the same cases on a real device.
+namespace {
+
+struct emulated_memory {
+  template <class T>
+  using buffer = dcomm::test::emulated::buffer<T>;
+  template <class T>
+  static buffer<T> upload(const std::vector<T>& host) {
+    buffer<T> b(host.size());
+    b.host() = host;
+    return b;
+  }
+  template <class T>
+  static std::vector<T> download(const buffer<T>& b) {
+    return b.host();
+  }
+};
+
+// Every page-locked block taken was given back by the time the world ended.
+void require_blocks_freed() {
+  CHECK(dcomm::test::emulated::state().pinned_live.load() == 0);
+}
+
+}  // namespace
+
+TEST_SUITE("tcp staging") {
+  TEST_CASE("emulated device: every collective and send/recv, staged whole") {
+    DCOMM_TEST_DEADLINE(120s);
+    dcomm::test::emulated::device d(50);
+    dcomm::test::staged::every_operation<emulated_memory>();
+    require_blocks_freed();
+  }
+
+  TEST_CASE("emulated device: slice by slice, copies finishing in random order") {
+    DCOMM_TEST_DEADLINE(180s);
+    dcomm::test::emulated::device d(200);
+    const long copies_before = dcomm::test::emulated::state().copies.load();
+    dcomm::test::staged::slice_by_slice<emulated_memory>();
+    // Slices were copied one by one: far more copies than whole tensors.
+    CHECK(dcomm::test::emulated::state().copies.load() - copies_before > 3 * 255 * 4);
+    require_blocks_freed();
+  }
+
+  TEST_CASE("emulated device: a collective's ranks must agree on slicing") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::emulated::device d;
+    dcomm::test::staged::slicing_must_agree<emulated_memory>();
+    require_blocks_freed();
+  }
+
+  TEST_CASE("emulated device: a copy that fails mid-collective fails every rank, typed, at once") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::emulated::device d(20);
+    dcomm::tcp_backend::options o;
+    o.staging_slice = 4096;
+    const std::size_t count = 100003;
+    std::vector<emulated_memory::buffer<std::int64_t>> tensors;
+    for (int r = 0; r < 3; ++r)
+      tensors.push_back(emulated_memory::upload(std::vector<std::int64_t>(count, r)));
+    // Rank 1's 100th slice cannot be copied to the host.
+    dcomm::test::emulated::device::fail_copies_of(tensors[1].data() + 100 * 512, 8);
+    const auto start = std::chrono::steady_clock::now();
+    auto errors = dcomm::test::comm_world(
+        3,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          co_await c.all_reduce(tensors[static_cast<std::size_t>(r)], dcomm::sum);
+        },
+        30s, o);
+    INFO(dcomm::test::summary(errors));
+    CHECK(contains(errors[1], "device error"));
+    CHECK(contains(errors[1], "emulated cudaMemcpy"));
+    // The others hear of it from rank 1 (or lose the link it closed), long
+    // before their 30 s deadline.
+    for (int r : {0, 2}) CHECK(!errors[static_cast<std::size_t>(r)].empty());
+    CHECK(std::chrono::steady_clock::now() - start < 20s);
+    require_blocks_freed();
+  }
+
+  TEST_CASE("emulated device: a failed copy fails its send or recv; the link stays usable") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::emulated::device d(20);
+    dcomm::tcp_backend::options o;
+    o.staging_slice = 4096;
+    const std::size_t count = 100003;
+    auto out = emulated_memory::upload(std::vector<std::int64_t>(count, 5));
+    emulated_memory::buffer<std::int64_t> in(count);
+    DCOMM_REQUIRE_WORLD(
+        2,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          using dcomm::errc;
+          // The sender cannot copy its first slice: its send fails before
+          // any data went; the receiver waits for data that never comes,
+          // and times out.
+          if (r == 0) {
+            dcomm::test::emulated::device::fail_copies_of(out.data(), 8);
+            auto [code, what] = co_await failure_of([&] { return c.send(out, 1, 1); });
+            require(code == errc::device_error, "send: " + what);
+            dcomm::test::emulated::device::fail_copies_of(nullptr, 0);
+          } else {
+            auto [code, what] = co_await failure_of(
+                [&] { return c.recv(in, 0, 1, dcomm::op_options{.timeout = 2s}); });
+            require(code == errc::timeout, "recv of a failed send: " + what);
+          }
+          co_await c.barrier();
+          // The receiver cannot copy its slice 7 to the device: all the
+          // data arrived, the sender succeeds, the receive fails.
+          if (r == 0) {
+            co_await c.send(out, 1, 2);
+          } else {
+            dcomm::test::emulated::device::fail_copies_of(in.data() + 7 * 512, 8);
+            auto [code, what] = co_await failure_of([&] { return c.recv(in, 0, 2); });
+            require(code == errc::device_error, "recv: " + what);
+            dcomm::test::emulated::device::fail_copies_of(nullptr, 0);
+          }
+          // Both links are in step: the next messages go through.
+          if (r == 0) {
+            co_await c.send(out, 1, 3);
+          } else {
+            co_await c.recv(in, 0, 3);
+            require(in.host() == std::vector<std::int64_t>(count, 5), "the next message");
+          }
+        },
+        20s, o);
+    require_blocks_freed();
+  }
+}
+
+TEST_SUITE("tcp staging") {
+  TEST_CASE(
+      "emulated device: a rank that leaves with sliced sends and receives pending frees all") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::emulated::device d(200);
+    dcomm::tcp_backend::options o;
+    o.staging_slice = 4096;
+    const std::size_t count = 100003;
+    auto out = emulated_memory::upload(std::vector<std::int64_t>(count, 5));
+    emulated_memory::buffer<std::int64_t> in(count);
+    auto errors = dcomm::test::comm_world(
+        2,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          if (r == 1) {
+            // Neither receives rank 0's message nor sends it one; waits
+            // until rank 0 has gone.
+            std::vector<int> never(1);
+            co_await c.recv(never, 0, 3);
+            co_return;
+          }
+          // Copies still queued or running, a message announced and one
+          // expected: the rank's io_context goes away with them (their
+          // coroutines destroyed, not resumed).
+          auto s = c.isend(out, 1, 1);
+          auto q = c.irecv(in, 1, 2);
+          asio::steady_timer t(co_await asio::this_coro::executor, 5ms);
+          co_await t.async_wait(asio::use_awaitable);
+          throw check_failed("leaving with work pending");
+        },
+        20s, o);
+    CHECK(contains(errors[0], "leaving with work pending"));
+    CHECK(contains(errors[1], "peer lost"));
+    require_blocks_freed();
   }
 }

@@ -106,11 +106,12 @@ class tcp_backend {
     std::size_t small_broadcast = 256 * 1024;
     std::size_t small_all_gather = 64 * 1024;
     std::size_t small_reduce_scatter = 64 * 1024;
-    // CUDA tensors larger than this go slice by slice in broadcast, reduce
-    // and all_reduce, their copies to and from the device overlapped with
-    // the network. The other operations stage them whole; send and recv
-    // too: a send that waited for its first slice could be overtaken by a
-    // later send with the same tag, and messages must not overtake.
+    // CUDA tensors larger than this go slice by slice in send, recv,
+    // broadcast, reduce and all_reduce, their copies to and from the device
+    // overlapped with the network; the other operations stage them whole.
+    // A collective's ranks must agree: the same kind of tensor (host or
+    // CUDA) and the same staging_slice, else the call fails with
+    // errc::mismatch. Send and recv need not: slices are not seen on the wire.
     std::size_t staging_slice = 4 * 1024 * 1024;
     // Per-operation algorithm overrides, "all_reduce=ring,broadcast=chain".
     std::string algorithms = [] {
@@ -188,6 +189,21 @@ class tcp_backend {
 
   // --- point to point ---
   detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
+    if (sliced(in)) {
+      // One message; its data goes as the slices reach the host. It is
+      // announced before anything is awaited: a later send with the same
+      // tag must not overtake it.
+      detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+      detail::tcp_net::io_item* message = nullptr;
+      co_await sliced_call(
+          c, ctx, slice_plan(in, o_.staging_slice), in.data, nullptr, in.device.index, "send",
+          [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
+          [&](const slice& s) -> detail::task<void> {
+            c.ready(*message, s.end);
+            co_return;
+          });
+      co_return;
+    }
     if (detail::on_device(in)) {
       detail::host_staging st(pinned_);
       co_await send(ctx, st.in(in), peer);
@@ -200,6 +216,20 @@ class tcp_backend {
     });
   }
   detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
+    if (sliced(out)) {
+      // Each slice goes to the device as soon as it has arrived.
+      detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+      detail::tcp_net::io_item* message = nullptr;
+      co_await sliced_call(
+          c, ctx, slice_plan(out, o_.staging_slice), nullptr, out.data, out.device.index, "recv",
+          [&](char* host, std::size_t slice_bytes) {
+            message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
+          },
+          [&](const slice& s) -> detail::task<void> {
+            co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
+          });
+      co_return;
+    }
     if (detail::on_device(out)) {
       detail::host_staging st(pinned_);
       co_await recv(ctx, st.out(out, false), peer);
@@ -223,12 +253,15 @@ class tcp_backend {
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
     if (sliced(buf) && ctx.group->size() > 1) {
       using detail::tcp_net::coll_op;
-      detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
-                              "broadcast");
+      const slice_plan plan(buf, o_.staging_slice);
+      detail::tcp_net::call c(
+          *net_, ctx, true,
+          sig(coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices), "broadcast");
       const bool is_root = ctx.group->rank == root;
-      co_await sliced_call(c, ctx, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data, buf,
-                           "broadcast", [&](void* host, std::size_t n) -> detail::task<void> {
-                             co_await broadcast_on(c, ctx, host, n * size_of(buf.type), root);
+      co_await sliced_call(c, ctx, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
+                           buf.device.index, "broadcast", no_start,
+                           [&](const slice& s) -> detail::task<void> {
+                             co_await broadcast_on(c, ctx, s.host, s.end - s.begin, root);
                            });
       co_return;
     }
@@ -252,15 +285,17 @@ class tcp_backend {
     const bool in_place = in.data == out.data;
     if (sliced(in) && (in_place || sliced(out))) {
       using detail::tcp_net::coll_op;
-      detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
+      const slice_plan plan(in, o_.staging_slice);
+      detail::tcp_net::call c(*net_, ctx, true,
+                              sig(coll_op::reduce, in.type, in.count, root, &op, plan.slices),
                               "reduce");
       // In place on a slice of the block: the result goes back to the
       // root's output, and to a non-root's buffer only if it is also its
       // input (which the host algorithm may have used).
       const bool back = ctx.group->rank == root || in_place;
-      co_await sliced_call(c, ctx, in.data, back ? out.data : nullptr, in, "reduce",
-                           [&](void* host, std::size_t n) -> detail::task<void> {
-                             co_await reduce_on(c, ctx, host, host, n, in.type, op, root);
+      co_await sliced_call(c, ctx, plan, in.data, back ? out.data : nullptr, in.device.index,
+                           "reduce", no_start, [&](const slice& s) -> detail::task<void> {
+                             co_await reduce_on(c, ctx, s.host, s.host, s.count, in.type, op, root);
                            });
       co_return;
     }
@@ -283,11 +318,13 @@ class tcp_backend {
     const bool in_place = in.data == out.data;
     if (sliced(out) && (in_place || sliced(in))) {
       using detail::tcp_net::coll_op;
+      const slice_plan plan(out, o_.staging_slice);
       detail::tcp_net::call c(*net_, ctx, true,
-                              sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
-      co_await sliced_call(c, ctx, in.data, out.data, out, "all_reduce",
-                           [&](void* host, std::size_t n) -> detail::task<void> {
-                             co_await all_reduce_on(c, ctx, host, host, n, out.type, op);
+                              sig(coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices),
+                              "all_reduce");
+      co_await sliced_call(c, ctx, plan, in.data, out.data, out.device.index, "all_reduce",
+                           no_start, [&](const slice& s) -> detail::task<void> {
+                             co_await all_reduce_on(c, ctx, s.host, s.host, s.count, out.type, op);
                            });
       co_return;
     }
@@ -467,15 +504,17 @@ class tcp_backend {
   static detail::tcp_net::call_signature p2p_sig(dtype t, std::size_t count) {
     return {.op = detail::tcp_net::coll_op::p2p, .type = t, .count = count};
   }
+  // `slices`: of a CUDA tensor staged slice by slice (0: not sliced).
   static detail::tcp_net::call_signature sig(detail::tcp_net::coll_op op, dtype t = dtype::uint8,
                                              std::size_t count = 0, int root = -1,
-                                             const reducer* r = nullptr) {
+                                             const reducer* r = nullptr, std::size_t slices = 0) {
     return {.op = op,
             .type = t,
             .reduce = r ? r->kind : reduce_kind::sum,
             .has_reduce = static_cast<std::uint8_t>(r ? 1 : 0),
             .root = root,
-            .count = count};
+            .count = count,
+            .slices = static_cast<std::uint32_t>(slices)};
   }
 
   // The call's algorithm, the DCOMM_ALGO override, or the size-based pick.
@@ -539,45 +578,78 @@ class tcp_backend {
     return detail::on_device(v) && v.bytes() > o_.staging_slice;
   }
 
-  // One element-wise operation on a CUDA tensor, slice by slice within the
-  // one call `c` (which it runs): all its input slices are queued to the
-  // copy thread at once, each slice runs `body(host, count)` in place in its
-  // part of a page-locked block as soon as it is on the host, and its result
-  // is queued back to the device at once, so copies in both directions
-  // overlap the network. `src`: the device data this rank reads (null:
-  // none); `dst`: where its result goes (null: nowhere). Every slice's
-  // messages have steps of their own (call::set_step_base).
-  template <class Body>
-  detail::task<void> sliced_call(detail::tcp_net::call& c, const op_context& ctx, const void* src,
-                                 void* dst, const const_tensor_view& shape, const char* operation,
-                                 Body body) {
-    const std::size_t es = size_of(shape.type), count = shape.count;
-    const int device = shape.device.index;
-    // At most 255 slices: a slice's steps are its index << 24.
-    const std::size_t per = std::max({o_.staging_slice / es, std::size_t{1}, (count + 254) / 255});
-    const std::size_t slices = (count + per - 1) / per;
-    auto block = pinned_.take(count * es);
-    char* host = static_cast<char*>(block.data);
+  // How a tensor is cut: slices of `slice_bytes` (whole elements), at most
+  // 255 of them (a collective's slice k has steps k << 24).
+  struct slice_plan {
+    slice_plan(const const_tensor_view& v, std::size_t slice_bytes)
+        : es(size_of(v.type)),
+          count(v.count),
+          per(std::max({slice_bytes / es, std::size_t{1}, (count + 254) / 255})),
+          slices((count + per - 1) / per) {}
+    std::size_t begin(std::size_t k) const { return k * per * es; }  // bytes
+    std::size_t end(std::size_t k) const { return std::min(count, (k + 1) * per) * es; }
+    std::size_t es, count, per, slices;
+  };
+  // Slice k, on the host: bytes [begin, end) of the tensor, at `host`.
+  struct slice {
+    std::size_t index;
+    char* host;
+    std::size_t count;  // elements
+    std::size_t begin, end;
+  };
+  static void no_start(char*, std::size_t) {}
+
+  // One operation on a CUDA tensor, slice by slice within the one call `c`
+  // (which it runs): all its input slices are queued to the copy thread at
+  // once; start(block, slice_bytes) runs before anything is awaited (a
+  // send or receive posts its one message there, so that it keeps its
+  // order); each slice runs `body(slice)` in its part of a page-locked
+  // block as soon as it is on the host, and its result is queued back to
+  // the device at once, so copies in both directions overlap the network.
+  // `src`: the device data this rank reads (null: none); `dst`: where its
+  // result goes (null: nowhere). A collective's slices run its algorithm
+  // with steps of their own (call::set_step_base).
+  template <class Start, class Body>
+  detail::task<void> sliced_call(detail::tcp_net::call& c, const op_context& ctx,
+                                 const slice_plan& plan, const void* src, void* dst, int device,
+                                 const char* operation, Start start, Body body) {
     auto copies = std::make_shared<detail::copy_thread::batch>();
+    // Back to the pool once no copy touches it; if this frame is destroyed
+    // before (its executor went away mid-operation), the batch frees it
+    // after the copy that may be running.
+    struct lease {
+      detail::pinned_blocks& pool;
+      detail::pinned_blocks::block block;
+      detail::copy_thread::batch& copies;
+      bool given = false;
+      void give() {
+        pool.give(block);
+        given = true;
+      }
+      ~lease() {
+        if (!given) copies.adopt(block.data, detail::device_memory()->free_pinned);
+      }
+    } block{pinned_, pinned_.take(plan.count * plan.es), *copies};
+    char* host = static_cast<char*>(block.block.data);
     std::size_t queued = 0;
-    auto offset = [&](std::size_t k) { return k * per * es; };
-    auto length = [&](std::size_t k) { return (std::min(count, (k + 1) * per) - k * per) * es; };
     if (src)
-      for (std::size_t k = 0; k < slices; ++k, ++queued)
-        copies_.to_host(copies, host + offset(k), static_cast<const char*>(src) + offset(k),
-                        length(k), device);
+      for (std::size_t k = 0; k < plan.slices; ++k, ++queued)
+        copies_.to_host(copies, host + plan.begin(k), static_cast<const char*>(src) + plan.begin(k),
+                        plan.end(k) - plan.begin(k), device);
     std::exception_ptr failure;
     try {
       // run() waits for every message, sends from the block included, or
       // takes them all back on a failure, before it returns.
       co_await c.run([&]() -> detail::task<void> {
-        for (std::size_t k = 0; k < slices; ++k) {
+        start(host, plan.per * plan.es);
+        for (std::size_t k = 0; k < plan.slices; ++k) {
           if (src) co_await copies_done(*copies, k + 1, ctx.deadline, operation);
           c.set_step_base(static_cast<std::uint32_t>(k << 24));
-          co_await body(host + offset(k), length(k) / es);
+          co_await body(slice{k, host + plan.begin(k), (plan.end(k) - plan.begin(k)) / plan.es,
+                              plan.begin(k), plan.end(k)});
           if (dst) {
-            copies_.to_device(copies, static_cast<char*>(dst) + offset(k), host + offset(k),
-                              length(k), device);
+            copies_.to_device(copies, static_cast<char*>(dst) + plan.begin(k), host + plan.begin(k),
+                              plan.end(k) - plan.begin(k), device);
             ++queued;
           }
         }
@@ -589,18 +661,19 @@ class tcp_backend {
     if (failure) {
       // Nothing may copy into or out of the block once it is given back:
       // skip what has not started and wait for the copy in progress (a
-      // local copy; if even that does not end, the block is left behind).
+      // local copy; if even that does not end, the batch frees the block
+      // after it).
       copies->cancelled.store(true, std::memory_order_release);
       try {
         co_await copies_done(*copies, queued, clock::now() + std::chrono::seconds(10), operation,
                              false);
       } catch (...) {
-        std::rethrow_exception(failure);
+        std::rethrow_exception(failure);  // the lease hands the block to the batch
       }
-      pinned_.give(block);
+      block.give();
       std::rethrow_exception(failure);
     }
-    pinned_.give(block);
+    block.give();
   }
 
   // Until `n` copies of the batch are done (or skipped); a failed copy is

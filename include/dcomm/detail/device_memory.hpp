@@ -140,10 +140,28 @@ class copy_thread {
   // One operation's copies. `done`, `failure` and `waiter` are the
   // executor's; `cancelled` skips the copies not started yet.
   struct batch {
+    batch() = default;
+    batch(const batch&) = delete;
+    batch& operator=(const batch&) = delete;
+    ~batch() {
+      if (orphan) free_orphan(orphan);
+    }
+    // The block of an operation that went away while its copies may still
+    // touch it (its executor was destroyed): freed after the last of them.
+    void adopt(void* block, void (*free_pinned)(void*)) {
+      cancelled.store(true, std::memory_order_release);
+      orphan = block;
+      free_orphan = free_pinned;
+    }
+
     std::size_t done = 0;
     std::exception_ptr failure;
     asio::steady_timer* waiter = nullptr;
     std::atomic<bool> cancelled{false};
+
+   private:
+    void* orphan = nullptr;
+    void (*free_orphan)(void*) = nullptr;
   };
 
   explicit copy_thread(asio::any_io_executor ex) : ex_(std::move(ex)) {}

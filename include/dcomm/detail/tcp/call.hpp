@@ -86,6 +86,28 @@ class call {
     return it;
   }
 
+  // A send whose data becomes ready in parts: announced now (so that it
+  // keeps its place before later sends with the same key), its bytes sent
+  // as ready() allows.
+  io_item& send_staged(int group_peer, std::uint32_t step, const void* src, std::size_t bytes) {
+    io_item& it = make(group_peer, step, bytes);
+    it.is_send = true;
+    it.staged = true;
+    it.send_buffer = src;
+    t_.post_send(it);
+    return it;
+  }
+  void ready(io_item& staged_send, std::size_t bytes) { t_.send_ready(staged_send, bytes); }
+  // A receive that wakes the call each time `progress` more bytes arrived.
+  io_item& recv_progress(int group_peer, std::uint32_t step, void* dst, std::size_t bytes,
+                         std::size_t progress) {
+    io_item& it = make(group_peer, step, bytes);
+    it.recv_buffer = dst;
+    it.progress = progress;
+    t_.post_recv(it);
+    return it;
+  }
+
   // Added to every step from now on: an algorithm run again within the
   // same call (one slice of a staged CUDA tensor after another) keeps its
   // messages apart from the previous run's.
@@ -98,6 +120,10 @@ class call {
   // Not coroutines themselves: one coroutine frame less per wait.
   task<void> wait(io_item& it) {
     return t_.wait(op_, [&it] { return it.state == item_state::done; });
+  }
+  template <class Pred>
+  task<void> wait_until(Pred pred) {
+    return t_.wait(op_, std::move(pred));
   }
   task<void> wait_all() {
     return t_.wait(op_, [this] {

@@ -5,8 +5,13 @@
 //   eager  small message, payload follows; matched on arrival
 //   rts    "ready to send" a large message: header only, matched on arrival
 //   cts    the receiver's answer once a matching receive is posted
-//   data   the large payload, sent after cts, read straight into the buffer
-//   fail   "your call did not match mine": the peer fails its call too
+//   data   the large payload, sent after cts, read straight into the buffer;
+//          a send whose data becomes ready in parts (a CUDA tensor copied
+//          to the host slice by slice) sends one data frame per part, each
+//          with its offset (cookie2), in order
+//   fail   "your call did not match mine", or "this collective failed
+//          here": the peer fails its call too (and passes a collective's
+//          failure on to the rest of the group)
 // Messages are matched per link by (collective?, group, tag or sequence
 // number, step), first in first out, so two messages with the same key
 // arrive in the order they were sent. Large messages wait for a posted
@@ -81,6 +86,10 @@ struct call_signature {
   std::uint8_t has_reduce = 0;
   std::int32_t root = -1;
   std::uint64_t count = 0;  // elements per rank; 0 for the _v forms
+  // A CUDA tensor staged slice by slice runs the algorithm once per slice:
+  // ranks must agree (0: the whole buffer at once).
+  std::uint32_t slices = 0;
+  std::uint32_t reserved = 0;
 
   friend bool operator==(const call_signature&, const call_signature&) = default;
 };
@@ -91,7 +100,9 @@ inline std::string describe(const call_signature& s) {
   d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
   if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
   if (s.root >= 0) d += ", root " + std::to_string(s.root);
-  return d + ")";
+  d += ")";
+  if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
+  return d;
 }
 
 enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail };
@@ -165,6 +176,18 @@ struct io_item {
   item_state state = item_state::created;
   bool in_flight = false;  // a socket operation is reading into / writing from the buffer
   std::uint64_t id = 0;
+  // A send whose data becomes ready in parts (transport::send_ready): it
+  // always goes by rts, and its data frames follow the parts.
+  bool staged = false;
+  std::size_t ready = 0;      // staged send: bytes of send_buffer ready to go
+  std::size_t queued = 0;     // staged send: bytes handed to data frames
+  std::size_t written = 0;    // staged send: bytes written
+  std::uint64_t peer_id = 0;  // staged send: the receiver's id, from its cts
+  // A receive: payload bytes arrived so far (in order); with `progress`,
+  // the op is woken each time that many more have arrived (a CUDA tensor's
+  // receive copies each slice to the device as it lands).
+  std::size_t arrived = 0;
+  std::size_t progress = 0;
   io_item* next_in_op = nullptr;
 
   bool finished() const { return state == item_state::done || state == item_state::failed; }
@@ -240,8 +263,10 @@ struct op_state {
   // A collective's group, in global ranks: whom to tell of its failure.
   // Borrowed from the group_state, which outlives the call.
   std::span<const int> members;
-  int lost_rank = -1;           // failed because this rank's link closed
-  bool failed_by_peer = false;  // a peer's fail frame failed it: no need to tell the others
+  int lost_rank = -1;  // failed because this rank's link closed
+  // The rank whose failure a peer's fail frame reported (-1: this rank's
+  // own). Passed on with the failure, so that the others name it too.
+  int origin = -1;
   bool notified = false;
   // The transport's list of operations in progress.
   op_state* prev_op = nullptr;
@@ -313,7 +338,11 @@ class transport : public std::enable_shared_from_this<transport> {
     // post_send), and the ranks that fail tell the rest with fail frames.
     if (op.collective) {
       auto it = failed_calls_.find(call_id{op.group, op.seq});
-      if (it != failed_calls_.end()) fail_op(op, it->second);
+      if (it != failed_calls_.end()) {
+        op.origin = it->second.origin;
+        if (it->second.lost >= 0) op.lost_rank = it->second.lost;
+        fail_op(op, it->second.error);
+      }
     }
   }
   void remove_op(op_state& op) {
@@ -386,7 +415,7 @@ class transport : public std::enable_shared_from_this<transport> {
     link& l = *links_[static_cast<std::size_t>(it.peer)];
     if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
     wire_header h = header_for(it);
-    if (it.bytes <= options_.eager_limit) {
+    if (it.bytes <= options_.eager_limit && !it.staged) {
       h.kind = msg_kind::eager;
       it.state = item_state::queued;
       l.frames.push_back({h, it.send_buffer, it.bytes, &it});
@@ -398,6 +427,13 @@ class transport : public std::enable_shared_from_this<transport> {
       l.frames.push_back({h, nullptr, 0, nullptr});
     }
     start_write(it.peer);
+  }
+
+  // A staged send's first `ready` bytes may go (posted with it.staged; the
+  // parts are sent in order, once the receiver has answered).
+  void send_ready(io_item& it, std::size_t ready) {
+    it.ready = std::min(ready, it.bytes);
+    if (it.state == item_state::queued) queue_parts(it);
   }
 
   // Waits until pred() holds; on failure or at the deadline, cancels the
@@ -418,7 +454,7 @@ class transport : public std::enable_shared_from_this<transport> {
   task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
     if (!op.failure)
       op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
-    if (op.collective && !op.failed_by_peer && !op.notified) notify_group(op);
+    if (op.collective && !op.notified) notify_group(op);
     for (auto& it : op.items) cancel_item(it);
     // Closing a link completes its socket operations promptly; the bound
     // only guards against a bug turning into a hang.
@@ -580,7 +616,7 @@ class transport : public std::enable_shared_from_this<transport> {
     auto e = make_error(errc::mismatch, *it.op, "rank " + std::to_string(it.peer), detail);
     fail_item(it, e);
     if (h.collective) {
-      failed_calls_[call_id{h.group, h.seq}] = e;  // abandon() tells the whole group
+      failed_calls_[call_id{h.group, h.seq}] = {e, -1, -1};  // abandon() tells the whole group
     } else {
       // Tell the sender, so its send fails now rather than at its deadline.
       wire_header f = h;
@@ -595,7 +631,10 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   // A collective failed here: every other member learns it at once, so
-  // ranks that do not talk to the culprit directly fail now too.
+  // ranks that do not talk to the culprit directly fail now too. A rank
+  // told by a peer passes it on as well: its fail frames reach the others
+  // before its links close, so that none of them takes the close for the
+  // cause.
   void notify_group(op_state& op) {
     op.notified = true;
     fail_reason reason = fail_reason::other;
@@ -617,6 +656,7 @@ class transport : public std::enable_shared_from_this<transport> {
     f.seq = op.seq;
     f.cookie = static_cast<std::uint64_t>(reason);
     f.cookie2 = static_cast<std::uint64_t>(op.lost_rank + 1);
+    f.step = static_cast<std::uint32_t>((op.origin >= 0 ? op.origin : rank_) + 1);
     for (int p : op.members) {
       if (p == rank_ || peer_lost(p)) continue;
       links_[static_cast<std::size_t>(p)]->frames.push_back({f, nullptr, 0, nullptr});
@@ -626,10 +666,15 @@ class transport : public std::enable_shared_from_this<transport> {
 
   void on_fail_frame(int peer, const wire_header& h) {
     const auto reason = static_cast<fail_reason>(h.cookie);
-    const int lost = static_cast<int>(h.cookie2) - 1;
+    // A collective's: cookie2 names the lost rank (peer_lost), step the
+    // rank whose failure it reports (each plus one).
+    const int lost = reason == fail_reason::peer_lost ? static_cast<int>(h.cookie2) - 1 : -1;
+    const int origin = h.collective && h.step ? static_cast<int>(h.step) - 1 : peer;
+    const std::string reported =
+        origin == peer ? "" : " (as rank " + std::to_string(peer) + " reports)";
     errc code = errc::aborted;
     std::string detail;
-    std::string who = "rank " + std::to_string(peer);
+    std::string who = "rank " + std::to_string(origin);
     switch (reason) {
       case fail_reason::mismatch:
         code = errc::mismatch;
@@ -642,15 +687,16 @@ class transport : public std::enable_shared_from_this<transport> {
       case fail_reason::peer_lost:
         code = errc::peer_lost;
         who = "rank " + std::to_string(lost);
-        detail = "rank " + std::to_string(peer) + " lost its connection to rank " +
-                 std::to_string(lost) + " during this call";
+        detail = "rank " + std::to_string(origin) + " lost its connection to rank " +
+                 std::to_string(lost) + " during this call" + reported;
         break;
       case fail_reason::timeout:
         code = errc::timeout;
-        detail = "rank " + std::to_string(peer) + " reached its deadline in this call and gave up";
+        detail = "rank " + std::to_string(origin) +
+                 " reached its deadline in this call and gave up" + reported;
         break;
       default:
-        detail = "rank " + std::to_string(peer) + " gave up on this call";
+        detail = "rank " + std::to_string(origin) + " gave up on this call" + reported;
         break;
     }
     for (op_state* op = ops_; op; op = op->next_op) {
@@ -659,15 +705,34 @@ class transport : public std::enable_shared_from_this<transport> {
                                     std::any_of(op->items.begin(), op->items.end(),
                                                 [&](auto& i) { return i.peer == peer; });
       if (!hit || op->failure) continue;
-      op->failed_by_peer = true;
+      op->origin = origin;
+      if (lost >= 0) op->lost_rank = lost;
       fail_op(*op, make_error(code, *op, who,
                               code == errc::mismatch && h.collective
                                   ? detail + "; this rank called " + describe(op->sig)
                                   : detail));
     }
     if (h.collective)
-      failed_calls_[call_id{h.group, h.seq}] = std::make_exception_ptr(error(
-          code, {.operation = name(h.sig.op), .rank = rank_, .peers = who, .detail = detail}));
+      failed_calls_[call_id{h.group, h.seq}] = {
+          std::make_exception_ptr(error(
+              code, {.operation = name(h.sig.op), .rank = rank_, .peers = who, .detail = detail})),
+          origin, lost};
+  }
+
+  // The data frames of a staged send's ready bytes not handed out yet.
+  void queue_parts(io_item& it) {
+    if (it.queued >= it.ready || it.finished()) return;
+    if (links_[static_cast<std::size_t>(it.peer)]->lost)
+      return fail_item(it, lost_error(*it.op, it.peer));
+    wire_header d = header_for(it);
+    d.kind = msg_kind::data;
+    d.cookie = it.peer_id;
+    d.cookie2 = it.queued;
+    d.bytes = it.ready - it.queued;
+    links_[static_cast<std::size_t>(it.peer)]->frames.push_back(
+        {d, static_cast<const char*>(it.send_buffer) + it.queued, d.bytes, &it});
+    it.queued = it.ready;
+    start_write(it.peer);
   }
 
   // A large receive found its rts: ask for the data.
@@ -699,14 +764,13 @@ class transport : public std::enable_shared_from_this<transport> {
         break;
       case item_state::queued:
         // Marked, not erased: cheaper, and the frames of the write in
-        // progress are counted by position.
-        if (!it.in_flight)
-          for (std::size_t i = l.batch; i < l.frames.size(); ++i)
-            if (l.frames[i].item == &it) {
-              l.frames[i].cancelled = true;
-              l.frames[i].item = nullptr;
-              break;
-            }
+        // progress are counted by position. A staged send may have several.
+        for (std::size_t i = l.batch; i < l.frames.size(); ++i)
+          if (l.frames[i].item == &it) {
+            l.frames[i].cancelled = true;
+            l.frames[i].item = nullptr;
+            if (!it.staged) break;
+          }
         break;
       default:
         break;
@@ -749,6 +813,11 @@ class transport : public std::enable_shared_from_this<transport> {
     for (std::size_t i = 0; i < l.frames.size(); ++i)
       if (l.frames[i].item) fail_pending(l.frames[i].item);
     l.frames.truncate(l.batch);
+    // Staged sends between parts are in no list of the link.
+    for (op_state* op = ops_; op; op = op->next_op)
+      for (auto& it : op->items)
+        if (it.peer == peer && it.staged && it.state == item_state::queued && !it.in_flight)
+          fail_pending(&it);
     // l.unexpected stays: those messages arrived before the link closed.
     // Calls that still needed this peer have failed above; the others
     // learn it when they post to it, and calls not yet started when they
@@ -804,9 +873,10 @@ class transport : public std::enable_shared_from_this<transport> {
       io_item* it = l.frames[i].item;
       if (!it) continue;
       it->in_flight = false;
+      it->written += l.frames[i].bytes;
       if (ec)
         fail_item(*it, lost_error(*it->op, peer));
-      else if (!it->finished())
+      else if (!it->finished() && (!it->staged || it->written == it->bytes))
         complete(*it);
       it->op->wake();  // also when its op is draining
     }
@@ -951,6 +1021,12 @@ class transport : public std::enable_shared_from_this<transport> {
           if (found == l.awaiting_cts.end()) break;  // that send was cancelled
           io_item* it = *found;
           l.awaiting_cts.erase(found);
+          if (it->staged) {
+            it->peer_id = h.cookie2;
+            it->state = item_state::queued;
+            queue_parts(*it);
+            break;
+          }
           wire_header d = header_for(*it);
           d.kind = msg_kind::data;
           d.cookie = h.cookie2;
@@ -960,18 +1036,27 @@ class transport : public std::enable_shared_from_this<transport> {
           break;
         }
         case msg_kind::data: {
+          // The whole payload, or a staged send's next part (at offset cookie2).
           auto found = std::find_if(l.awaiting_data.begin(), l.awaiting_data.end(),
                                     [&](io_item* i) { return i->id == h.cookie; });
-          if (found == l.awaiting_data.end() || (*found)->bytes != h.bytes) {
+          if (found == l.awaiting_data.end() || h.cookie2 != (*found)->arrived ||
+              h.bytes > (*found)->bytes - (*found)->arrived) {
             if (!from_stage(l, nullptr, h.bytes))
               co_await read_payload(l, nullptr, h.bytes);  // its receive was cancelled
             break;
           }
           io_item* it = *found;
-          l.awaiting_data.erase(found);
-          if (!from_stage(l, static_cast<char*>(it->recv_buffer), h.bytes))
+          char* dst = static_cast<char*>(it->recv_buffer) + it->arrived;
+          if (from_stage(l, dst, h.bytes))
+            it->arrived += h.bytes;
+          else
             co_await read_into(l, *it, h.bytes);
-          complete(*it);
+          if (it->arrived == it->bytes) {
+            std::erase(l.awaiting_data, it);
+            complete(*it);
+          } else if (it->progress) {
+            it->op->wake();
+          }
           break;
         }
         case msg_kind::fail:
@@ -990,10 +1075,18 @@ class transport : public std::enable_shared_from_this<transport> {
     return true;
   }
 
+  // Reads `bytes` of payload to the receive's buffer at it.arrived; with
+  // it.progress, in steps of that size, waking the op after each.
   task<void> read_into(link& l, io_item& it, std::size_t bytes) {
     it.in_flight = true;
     l.reading = &it;
-    co_await read_payload(l, static_cast<char*>(it.recv_buffer), bytes);
+    while (bytes) {
+      const std::size_t step = it.progress ? std::min(bytes, it.progress) : bytes;
+      co_await read_payload(l, static_cast<char*>(it.recv_buffer) + it.arrived, step);
+      it.arrived += step;
+      bytes -= step;
+      if (bytes) it.op->wake();
+    }
     l.reading = nullptr;
     it.in_flight = false;
   }
@@ -1017,7 +1110,14 @@ class transport : public std::enable_shared_from_this<transport> {
   object_pool<unexpected_msg> unexpected_;
   vector_pool<std::byte> scratch_memory_;
   vector_pool<io_item*> item_slots_;
-  std::unordered_map<call_id, std::exception_ptr, call_id_hash> failed_calls_;
+  // Collectives that failed before this rank started them (or were
+  // refused here): the error their op gets in add_op, and whom it names.
+  struct failed_call {
+    std::exception_ptr error;
+    int origin = -1;
+    int lost = -1;
+  };
+  std::unordered_map<call_id, failed_call, call_id_hash> failed_calls_;
   std::uint64_t next_id_ = 0;
   bool aborted_ = false;
   bool closed_ = false;
