@@ -10,7 +10,9 @@
 // --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
 // fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
 // sum|min|max, --algo (ring, recursive_doubling, ...), --chunk-bytes,
-// --eager-limit (the tcp_backend options), --no-check.
+// --eager-limit, --staging-slice (the tcp_backend options), --no-check,
+// --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
+// backend stages through page-locked host memory; where built with CUDA).
 //
 // Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
 // before each timed call the ranks meet in a barrier; the row's time is
@@ -33,11 +35,15 @@
 #include <cstdlib>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/spawn.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench_support.hpp"
+#if DCOMM_HAS_CUDA
+#include <dcomm/cuda.hpp>
+#endif
 
 // The allocs column counts heap allocations (malloc and friends, so
 // operator new and Asio's handler memory too): the TCP backend promises none
@@ -66,7 +72,8 @@ struct settings {
   std::string redop = "sum";
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   bool check = true;
-  std::size_t chunk_bytes = 0, eager_limit = 0;  // 0: the backend's defaults
+  std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0;  // 0: the backend's defaults
+  bool cuda = false;                                                // tensors in GPU memory
 };
 
 using dcomm::bench::parse_bytes;
@@ -120,6 +127,15 @@ settings parse(int argc, char** argv) {
       s.chunk_bytes = parse_bytes(value());
     } else if (a == "--eager-limit") {
       s.eager_limit = parse_bytes(value());
+    } else if (a == "--staging-slice") {
+      s.staging_slice = parse_bytes(value());
+    } else if (a == "--device") {
+      auto v = value();
+      if (v != "cpu" && v != "cuda") throw std::invalid_argument("--device: cpu or cuda");
+      s.cuda = v == "cuda";
+#if !DCOMM_HAS_CUDA
+      if (s.cuda) throw std::invalid_argument("--device cuda: this build has no CUDA runtime");
+#endif
     } else if (a == "--no-check") {
       s.check = false;
     } else if (a == "--help" || a == "-h") {
@@ -127,7 +143,8 @@ settings parse(int argc, char** argv) {
           "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
           "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
-          "                 [--eager-limit B] [--no-check]\n");
+          "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
+          "                 [--no-check]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -142,15 +159,45 @@ double input_value(int rank, std::size_t i) {
   return static_cast<double>(rank + 1) + static_cast<double>(i % 5);
 }
 
+// A rank's tensor: in host memory, or with --device cuda in GPU memory
+// (`bytes` is then the host copy that is filled and checked).
 struct buffer {
   std::vector<std::byte> bytes;
   dcomm::dtype type;
   std::size_t count;
+#if DCOMM_HAS_CUDA
+  std::optional<dcomm::cuda::device_buffer<std::uint8_t>> device;
+#endif
 
-  buffer(dcomm::dtype t, std::size_t n) : bytes(n * dcomm::size_of(t)), type(t), count(n) {}
-  dcomm::tensor_view view() { return {bytes.data(), count, type, {}}; }
+  buffer(dcomm::dtype t, std::size_t n, bool cuda)
+      : bytes(n * dcomm::size_of(t)), type(t), count(n) {
+#if DCOMM_HAS_CUDA
+    if (cuda) device.emplace(bytes.size());
+#else
+    (void)cuda;
+#endif
+  }
+  dcomm::tensor_view view() {
+    return block(0, count);
+  }
   dcomm::tensor_view block(std::size_t first, std::size_t n) {
-    return {bytes.data() + first * dcomm::size_of(type), n, type, {}};
+    const std::size_t offset = first * dcomm::size_of(type);
+#if DCOMM_HAS_CUDA
+    if (device) return {device->data() + offset, n, type, dcomm::device::cuda(device->device())};
+#endif
+    return {bytes.data() + offset, n, type, {}};
+  }
+  // The host copy to the device, and back (no-ops in host memory).
+  void upload() {
+#if DCOMM_HAS_CUDA
+    if (device)
+      device->copy_from({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+#endif
+  }
+  void download() {
+#if DCOMM_HAS_CUDA
+    if (device) device->copy_to({reinterpret_cast<std::uint8_t*>(bytes.data()), bytes.size()});
+#endif
   }
   void set(std::size_t i, double v) {
     dcomm::visit_dtype(type, [&]<class T>(std::type_identity<T>) {
@@ -272,17 +319,20 @@ class runner {
     int rank = comm_.rank(), world = comm_.size();
     auto elem = dcomm::size_of(s_.type);
     auto sh = shape_of(op, bytes, elem, world);
-    buffer in(s_.type, sh.in_count), out(s_.type, sh.out_count);
+    buffer in(s_.type, sh.in_count, s_.cuda), out(s_.type, sh.out_count, s_.cuda);
     auto prepare = [&] {
       in.fill(rank);
       // broadcast is in place: the root's data is its input.
       if (op == "broadcast") rank == 0 ? out.fill(0) : out.fill(world + 7);
+      in.upload();
+      out.upload();
     };
 
     std::int64_t errors = -1;
     if (s_.check) {
       prepare();
       co_await call(op, in, out);
+      out.download();
       std::vector<std::int64_t> e{static_cast<std::int64_t>(wrong(op, out))};
       co_await comm_.all_reduce(e, dcomm::sum);
       errors = e[0];
@@ -326,9 +376,10 @@ class runner {
   asio::awaitable<void> run() {
     int world = comm_.size();
     if (comm_.rank() == 0) {
-      std::printf("# dcomm collective_bench: tcp_backend, world %d, dtype %s, algorithm %s\n",
-                  world, std::string(dcomm::name(s_.type)).c_str(),
-                  std::string(dcomm::name(s_.algo)).c_str());
+      std::printf(
+          "# dcomm collective_bench: tcp_backend, world %d, dtype %s, algorithm %s%s\n", world,
+          std::string(dcomm::name(s_.type)).c_str(), std::string(dcomm::name(s_.algo)).c_str(),
+          s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "");
       std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
                   std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
                       ? "; sendrecv: half a round trip"
@@ -374,6 +425,7 @@ int run_rank(const settings& s) {
   if (s.world > 0) o.backend.bind_host = "127.0.0.1";
   if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
   if (s.eager_limit) o.backend.eager_limit = s.eager_limit;
+  if (s.staging_slice) o.backend.staging_slice = s.staging_slice;
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);
     runner r(comm, s);

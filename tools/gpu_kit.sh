@@ -8,7 +8,8 @@
 #                            .gpu-kit/include (git-ignored; carry it along)
 #   tools/gpu_kit.sh run     there: configures build/gpu against the kit,
 #                            builds the GPU tests, example and benchmarks,
-#                            runs them, and writes their output to $OUT (or
+#                            runs them (collective_bench on CUDA tensors),
+#                            and writes their output to $OUT (or
 #                            .gpu-kit/out)
 #
 # With the device tool: run(command="tools/gpu_kit.sh run", carry=[".gpu-kit"]).
@@ -76,11 +77,22 @@ run() {
   build/gpu/examples/nccl_all_reduce 2>&1 | tee "$out/nccl_all_reduce.txt" || status=1
   build/gpu/bench/nccl_bench --min-bytes 8 --max-bytes 256M --factor 4 2>&1 |
     tee "$out/nccl_bench.txt" || status=1
+  # CUDA tensors over tcp, two ranks on the GPU: slice by slice (the
+  # default 4 MiB slices) against whole staging (a slice above every size).
+  {
+    for op in all_reduce sendrecv broadcast; do
+      for slice in 4M 64G; do
+        echo "## --op $op --staging-slice $slice"
+        build/gpu/bench/collective_bench --world 2 --device cuda --op $op --min-bytes 1M \
+          --max-bytes 256M --factor 4 --staging-slice $slice
+      done
+    done
+  } 2>&1 | tee "$out/tcp_cuda_bench.txt" || status=1
   return $status
 }
 
 case "${1:-}" in
   pack) pack ;;
   run) run ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
 esac
