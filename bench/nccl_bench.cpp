@@ -8,10 +8,11 @@
 // Options: --op NAME|all (all_reduce broadcast reduce all_gather
 // reduce_scatter), --world N, --min-bytes, --max-bytes, --factor, --iters N
 // (0: 200 at small sizes, fewer as sizes grow, at least 10), --warmup N,
-// --spin US (nccl_backend::options::spin, in microseconds).
+// --spin US (nccl_backend::options::spin, in microseconds), --mode
+// latency|batch|both (default both).
 //
-// Per size, three ways of doing the same float32 operation, interleaved
-// call by call so that drift hits all three alike:
+// latency: per size, three ways of doing the same float32 operation,
+// interleaved call by call so that drift hits all three alike:
 //   raw     ncclXxx on the backend's communicator and stream, then
 //           cudaStreamSynchronize (what a program without dcomm does);
 //   dcomm   co_await comm.xxx(...): completes when the GPU is done (a host
@@ -22,6 +23,13 @@
 // algbw and busbw (nccl-tests' factors) from the dcomm column. #wrong: the
 // elements that differ from the computed expectation after an untimed
 // dcomm call, summed over ranks.
+//
+// batch: nccl-tests' own method, where a call's time is that of `iters`
+// calls issued back to back and waited for once, divided by `iters`: what a
+// pipeline that does not wait on every call sees. raw: the NCCL calls, then
+// one cudaStreamSynchronize; dcomm: every call started as a request
+// (dcomm::as_request), then each awaited; stream: the stream-ordered calls,
+// then one cudaStreamSynchronize. Five rounds, interleaved; the median.
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +64,7 @@ struct settings {
   int iters = 0;
   int warmup = 5;
   int spin_us = -1;  // -1: nccl_backend's default
+  bool latency = true, batch = true;
 };
 
 using dcomm::bench::parse_bytes;
@@ -89,10 +98,17 @@ settings parse(int argc, char** argv) {
       s.warmup = std::stoi(value());
     } else if (a == "--spin") {
       s.spin_us = std::stoi(value());
+    } else if (a == "--mode") {
+      auto v = value();
+      if (v != "latency" && v != "batch" && v != "both")
+        throw std::invalid_argument("--mode: latency, batch or both");
+      s.latency = v != "batch";
+      s.batch = v != "latency";
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "nccl_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
-          "           [--factor F] [--iters N] [--warmup N] [--spin US]\n");
+          "           [--factor F] [--iters N] [--warmup N] [--spin US]\n"
+          "           [--mode latency|batch|both]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -161,8 +177,20 @@ class runner {
     if (op == "reduce_scatter") co_await comm_.reduce_scatter(in, out, dcomm::sum, o);
   }
 
-  void raw_call(const std::string& op, dcomm::cuda::device_buffer<float>& in,
-                dcomm::cuda::device_buffer<float>& out) {
+  // The same operation, started: the request completes when the GPU is done.
+  dcomm::request start_call(const std::string& op, dcomm::cuda::device_buffer<float>& in,
+                            dcomm::cuda::device_buffer<float>& out) {
+    const dcomm::op_options o{};
+    if (op == "all_reduce") return comm_.all_reduce(in, out, dcomm::sum, o, dcomm::as_request);
+    if (op == "broadcast") return comm_.broadcast(out, 0, o, dcomm::as_request);
+    if (op == "reduce") return comm_.reduce(in, out, 0, dcomm::sum, o, dcomm::as_request);
+    if (op == "all_gather") return comm_.all_gather(in, out, o, dcomm::as_request);
+    return comm_.reduce_scatter(in, out, dcomm::sum, o, dcomm::as_request);
+  }
+
+  // Enqueues the operation on stream_ with NCCL directly.
+  void raw_enqueue(const std::string& op, dcomm::cuda::device_buffer<float>& in,
+                   dcomm::cuda::device_buffer<float>& out) {
     ncclComm_t comm = comm_.backend().native_handle();
     ncclResult_t r = ncclSuccess;
     if (op == "all_reduce")
@@ -180,10 +208,16 @@ class runner {
     while (state == ncclInProgress) (void)ncclCommGetAsyncError(comm, &state);
     if (state != ncclSuccess)
       throw std::runtime_error(std::string("raw ") + op + ": " + ncclGetErrorString(state));
+  }
+  void raw_call(const std::string& op, dcomm::cuda::device_buffer<float>& in,
+                dcomm::cuda::device_buffer<float>& out) {
+    raw_enqueue(op, in, out);
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
-  asio::awaitable<void> row(const std::string& op, std::size_t bytes) {
+  // One row: the inputs, an untimed call checked against the expectation,
+  // then the timed calls of the mode.
+  asio::awaitable<void> row(const std::string& op, std::size_t bytes, bool latency) {
     const int rank = comm_.rank(), world = comm_.size();
     const auto sh = shape_of(op, bytes, world);
     const int gpu = comm_.backend().device();
@@ -210,6 +244,20 @@ class runner {
     co_await comm_.all_reduce(total_d, dcomm::sum);
     total_d.copy_to(total);
 
+    const int iters =
+        s_.iters > 0
+            ? s_.iters
+            : static_cast<int>(std::clamp<double>(4e9 / std::max<double>(bytes, 1), 10, 200));
+    if (latency)
+      co_await latency_row(op, sh, in, out, iters, total[0]);
+    else
+      co_await batch_row(op, sh, in, out, iters, total[0]);
+  }
+
+  asio::awaitable<void> latency_row(const std::string& op, const shape& sh,
+                                    dcomm::cuda::device_buffer<float>& in,
+                                    dcomm::cuda::device_buffer<float>& out, int iters,
+                                    std::int64_t wrong) {
     const dcomm::op_options on_stream{.stream = stream_};
     for (int i = 0; i < s_.warmup; ++i) {
       raw_call(op, in, out);
@@ -217,10 +265,6 @@ class runner {
       co_await dcomm_call(op, in, out, on_stream);
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     }
-    const int iters =
-        s_.iters > 0
-            ? s_.iters
-            : static_cast<int>(std::clamp<double>(4e9 / std::max<double>(bytes, 1), 10, 200));
     std::vector<double> raw, awaited, ordered;
     auto micros = [](clock_type::time_point t0) {
       return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
@@ -241,34 +285,77 @@ class runner {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double t_raw = median(raw), t_dcomm = median(awaited), t_stream = median(ordered);
-    if (rank == 0) {
-      const std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * sizeof(float);
-      const double algbw = static_cast<double>(row_bytes) / (t_dcomm * 1e3);
-      std::printf("%14s %12zu %12zu %10.1f %10.1f %10.1f %9.2f %8.1f%% %8.3f %8.3f %7lld\n",
-                  op.c_str(), row_bytes, std::max(sh.in_count, sh.out_count), t_raw, t_dcomm,
-                  t_stream, t_dcomm - t_raw, 100.0 * (t_dcomm - t_raw) / t_raw, algbw,
-                  algbw * sh.bus_factor, static_cast<long long>(total[0]));
-      std::fflush(stdout);
+    print_row(op, sh, median(raw), median(awaited), median(ordered), wrong);
+  }
+
+  // nccl-tests' way: `iters` calls back to back, one wait; five rounds.
+  asio::awaitable<void> batch_row(const std::string& op, const shape& sh,
+                                  dcomm::cuda::device_buffer<float>& in,
+                                  dcomm::cuda::device_buffer<float>& out, int iters,
+                                  std::int64_t wrong) {
+    const dcomm::op_options on_stream{.stream = stream_};
+    auto micros_per_call = [iters](clock_type::time_point t0) {
+      return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / iters;
+    };
+    std::vector<dcomm::request> pending(static_cast<std::size_t>(iters));
+    std::vector<double> raw, awaited, ordered;
+    for (int round = -1; round < 5; ++round) {  // round -1: warm-up
+      auto t0 = clock_type::now();
+      for (int i = 0; i < iters; ++i) raw_enqueue(op, in, out);
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      if (round >= 0) raw.push_back(micros_per_call(t0));
+
+      t0 = clock_type::now();
+      for (auto& r : pending) r = start_call(op, in, out);
+      for (auto& r : pending) co_await r.async_wait();
+      if (round >= 0) awaited.push_back(micros_per_call(t0));
+
+      t0 = clock_type::now();
+      for (int i = 0; i < iters; ++i) co_await dcomm_call(op, in, out, on_stream);
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      if (round >= 0) ordered.push_back(micros_per_call(t0));
     }
+    auto median = [](std::vector<double>& v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    print_row(op, sh, median(raw), median(awaited), median(ordered), wrong);
+  }
+
+  void print_row(const std::string& op, const shape& sh, double t_raw, double t_dcomm,
+                 double t_stream, std::int64_t wrong) const {
+    if (comm_.rank() != 0) return;
+    const std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * sizeof(float);
+    const double algbw = static_cast<double>(row_bytes) / (t_dcomm * 1e3);
+    std::printf("%14s %12zu %12zu %10.1f %10.1f %10.1f %9.2f %8.1f%% %8.3f %8.3f %7lld\n",
+                op.c_str(), row_bytes, std::max(sh.in_count, sh.out_count), t_raw, t_dcomm,
+                t_stream, t_dcomm - t_raw, 100.0 * (t_dcomm - t_raw) / t_raw, algbw,
+                algbw * sh.bus_factor, static_cast<long long>(wrong));
+    std::fflush(stdout);
   }
 
   asio::awaitable<void> run() {
-    if (comm_.rank() == 0) {
-      std::printf(
-          "# dcomm nccl_bench: nccl_backend vs raw NCCL, world %d, float32, sum, spin %lld us\n",
-          comm_.size(), static_cast<long long>(spin_.count()));
-      std::printf("%14s %12s %12s %10s %10s %10s %9s %9s %8s %8s %7s\n", "# op", "size(B)", "count",
-                  "raw(us)", "dcomm(us)", "stream(us)", "over(us)", "over(%)", "algbw", "busbw",
-                  "#wrong");
-      std::fflush(stdout);
-    }
-    for (const auto& op : s_.ops)
-      for (std::size_t bytes = std::max<std::size_t>(s_.min_bytes, sizeof(float));
-           bytes <= s_.max_bytes; bytes *= s_.factor) {
-        if (shape_of(op, bytes, comm_.size()).out_count == 0) continue;
-        co_await row(op, bytes);
+    for (bool latency : {true, false}) {
+      if (!(latency ? s_.latency : s_.batch)) continue;
+      if (comm_.rank() == 0) {
+        std::printf(
+            "# dcomm nccl_bench: nccl_backend vs raw NCCL, world %d, float32, sum, spin %lld us\n"
+            "# %s\n",
+            comm_.size(), static_cast<long long>(spin_.count()),
+            latency ? "latency: each call waited for; rank 0's median per call"
+                    : "batch: calls back to back, one wait (nccl-tests' time); median of 5 rounds");
+        std::printf("%14s %12s %12s %10s %10s %10s %9s %9s %8s %8s %7s\n", "# op", "size(B)",
+                    "count", "raw(us)", "dcomm(us)", "stream(us)", "over(us)", "over(%)", "algbw",
+                    "busbw", "#wrong");
+        std::fflush(stdout);
       }
+      for (const auto& op : s_.ops)
+        for (std::size_t bytes = std::max<std::size_t>(s_.min_bytes, sizeof(float));
+             bytes <= s_.max_bytes; bytes *= s_.factor) {
+          if (shape_of(op, bytes, comm_.size()).out_count == 0) continue;
+          co_await row(op, bytes, latency);
+        }
+    }
   }
 
  private:
