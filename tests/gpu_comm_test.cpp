@@ -15,6 +15,7 @@
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/cuda.hpp"
+#include "dcomm/gradient_bucketer.hpp"
 #include "dcomm/store/hash_store.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
@@ -65,6 +66,10 @@ struct cuda_memory {
   template <class T>
   static std::vector<T> download(const buffer<T>& d) {
     return ::download(d);
+  }
+  template <class T>
+  static void refill(buffer<T>& d, const std::vector<T>& host) {
+    d.copy_from(host);
   }
 };
 
@@ -134,6 +139,12 @@ TEST_SUITE("tcp cuda") {
     DCOMM_TEST_DEADLINE(60s);
     if (!gpu_present()) return;
     dcomm::test::staged::slicing_must_agree<cuda_memory>();
+  }
+
+  TEST_CASE("gradient_bucketer packs CUDA gradients on their GPU") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (!gpu_present()) return;
+    dcomm::test::staged::bucketer_on_device<cuda_memory>();
   }
 }
 
@@ -379,6 +390,37 @@ TEST_SUITE("nccl") {
       dcomm::cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
       require(download(out) == host, "stream-ordered all_reduce");
       (void)cudaStreamDestroy(s);
+    });
+    INFO(what);
+    CHECK(what.empty());
+  }
+
+  TEST_CASE("gradient_bucketer on NCCL: CUDA gradients packed on the GPU, averaged") {
+    DCOMM_TEST_DEADLINE(120s);
+    if (!gpu_present()) return;
+    auto what = world_of_one([](nccl_comm& c) -> asio::awaitable<void> {
+      std::vector<float> a(1001), b(70001);
+      std::vector<double> d(33);
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 13);
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 7) + 0.5f;
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i) * 0.25;
+      auto ga = upload(a), gb = upload(b);
+      auto gd = upload(d);
+      dcomm::gradient_bucketer bucketer(
+          c, dcomm::bucketer_options{.first_bucket_bytes = 1024, .bucket_bytes = 64 * 1024});
+      bucketer.add(ga);
+      bucketer.add(gb);
+      bucketer.add(gd);
+      require(bucketer.bucket_count() >= 3, "one bucket per dtype at least");
+      for (int step = 0; step < 3; ++step) {
+        bucketer.mark_ready(2);
+        bucketer.mark_ready(1);
+        bucketer.mark_ready(0);
+        co_await bucketer.wait();
+        // The average over a world of one is the gradient itself.
+        require(download(ga) == a && download(gb) == b && download(gd) == d,
+                "step " + std::to_string(step));
+      }
     });
     INFO(what);
     CHECK(what.empty());

@@ -227,6 +227,9 @@ TEST_SUITE("gradient bucketer") {
         throw check_failed("no error for " + part);
       };
       fails([&] { bucketer.add(counts); }, "floating-point");
+      // A CUDA gradient in a program that did not include dcomm/cuda.hpp.
+      dcomm::tensor_view on_gpu{g.data(), g.size(), dcomm::dtype::float32, dcomm::device::cuda(0)};
+      fails([&] { bucketer.add(on_gpu); }, "dcomm/cuda.hpp");
       bucketer.add(g);
       fails([&] { bucketer.mark_ready(1); }, "below 1");
       bucketer.mark_ready(0);

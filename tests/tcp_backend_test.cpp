@@ -544,6 +544,10 @@ struct emulated_memory {
   static std::vector<T> download(const buffer<T>& b) {
     return b.host();
   }
+  template <class T>
+  static void refill(buffer<T>& b, const std::vector<T>& host) {
+    std::copy(host.begin(), host.end(), b.host().begin());
+  }
 };
 
 // 4 KiB slices: 100003 int64 go in 196 of 512 elements.
@@ -688,6 +692,21 @@ TEST_SUITE("tcp staging") {
         20s, small_slices());
     CHECK(contains(errors[0], "leaving with work pending"));
     CHECK(contains(errors[1], "peer lost"));
+    require_blocks_freed();
+  }
+}
+
+TEST_SUITE("tcp staging") {
+  TEST_CASE("emulated device: gradient_bucketer packs CUDA gradients on their GPU") {
+    DCOMM_TEST_DEADLINE(120s);
+    dcomm::test::emulated::device d(20);
+    const long on_device_before = dcomm::test::emulated::state().copies_on_device.load();
+    dcomm::test::staged::bucketer_on_device<emulated_memory>();
+    // Packed and unpacked on the device: two copies per non-empty device
+    // gradient, per step and rank.
+    CHECK(dcomm::test::emulated::state().copies_on_device.load() - on_device_before ==
+          3 * 2 * 3 * 2);
+    CHECK(dcomm::test::emulated::state().device_live.load() == 0);
     require_blocks_freed();
   }
 }

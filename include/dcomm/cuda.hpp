@@ -73,6 +73,17 @@ class device_guard {
   bool switched_ = false;  // on every operation's path: no call when unchanged
 };
 
+namespace detail {
+// cudaFree on `device`'s context; for destructors: never throws.
+inline void free_device(void* p, int device) noexcept {
+  int previous = 0;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
+                        cudaSetDevice(device) == cudaSuccess;
+  (void)cudaFree(p);  // nothing to do about a failure in a destructor
+  if (switched) (void)cudaSetDevice(previous);
+}
+}  // namespace detail
+
 // A borrowed view of `count` elements of T at a device pointer on GPU
 // `device`. Like std::span, its constness is shallow.
 template <element_type T>
@@ -165,12 +176,7 @@ class device_buffer {
                    .seen = std::to_string(n) + " elements"});
   }
   void release() noexcept {
-    if (!data_) return;
-    int previous = 0;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
-    (void)cudaFree(data_);  // nothing to do about a failure in a destructor
-    if (switched) (void)cudaSetDevice(previous);
+    if (data_) detail::free_device(data_, device_);
     data_ = nullptr;
   }
 
@@ -201,9 +207,25 @@ inline void* allocate_pinned(std::size_t bytes) {
 inline void free_pinned(void* p) {
   (void)cudaFreeHost(p);
 }
+inline void* allocate_device(std::size_t bytes, int device) {
+  device_guard on(device);
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes),
+        "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
+  return p;
+}
+// Queued in the legacy default stream, named as such so that code built
+// with a per-thread default stream orders the same way.
+inline void copy_on_device(void* dst, const void* src, std::size_t bytes, int device) {
+  device_guard on(device);
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy),
+        "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes within device " +
+            std::to_string(device));
+}
 
-inline constexpr dcomm::detail::device_memory_hooks memory_hooks{&copy_to_host, &copy_to_device,
-                                                                 &allocate_pinned, &free_pinned};
+inline constexpr dcomm::detail::device_memory_hooks memory_hooks{
+    &copy_to_host,    &copy_to_device, &allocate_pinned, &free_pinned,
+    &allocate_device, &free_device,    &copy_on_device};
 // Including this header is what lets the tcp backend take CUDA tensors.
 inline const bool memory_hooks_installed = (dcomm::detail::device_memory() = &memory_hooks, true);
 

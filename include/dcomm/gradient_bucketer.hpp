@@ -18,7 +18,7 @@
 //   }
 //
 // Buckets, as DDP builds them: gradients in reverse registration order (the
-// order backward produces them), one dtype per bucket, the first bucket
+// order backward produces them), one dtype and device per bucket, the first bucket
 // closed at about first_bucket_bytes (1 MiB) so communication starts early,
 // the others at bucket_bytes (25 MiB). Buckets are launched in bucket
 // order on every rank, even if a later one fills first: collectives are
@@ -29,16 +29,28 @@
 //
 // The gradient buffers are borrowed: they must stay alive, and keep their
 // size and address, as long as the bucketer is used.
+//
+// CUDA gradients (where the program includes dcomm/cuda.hpp, as
+// dcomm/nccl.hpp does) are packed into a bucket in the same GPU's memory,
+// by copies queued in the legacy default stream: after the gradient's
+// producers queued there (or on blocking streams), before the all_reduce
+// (the nccl backend's stream is a blocking one; the tcp backend's staging
+// copies wait for that stream). wait() queues the copies back the same way:
+// work queued after it in that stream, or in blocking streams, sees the
+// averages; a non-blocking stream must wait for the legacy stream first.
 #pragma once
 
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "dcomm/communicator.hpp"
+#include "dcomm/detail/device_memory.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/tensor.hpp"
@@ -73,8 +85,8 @@ class gradient_bucketer {
         }
   }
 
-  // Registers a gradient buffer (floating-point, on the CPU); returns its
-  // index for mark_ready. Every rank registers the same gradients in the
+  // Registers a gradient buffer (floating-point; in host memory, or a CUDA
+  // tensor); returns its index for mark_ready. Every rank registers the same gradients in the
   // same order. Only before the first step.
   template <mutable_tensor T>
   std::size_t add(T&& grad) {
@@ -88,10 +100,12 @@ class gradient_bucketer {
                   {.operation = "gradient_bucketer.add",
                    .expected = "a floating-point gradient (averaging needs a division)",
                    .seen = std::string(name(v.type))});
-    if (v.device.type != device::kind::cpu)
+    if (v.device.type != device::kind::cpu && !detail::device_memory())
       throw_error(errc::invalid_argument,
                   {.operation = "gradient_bucketer.add",
-                   .detail = "a device gradient: buckets are packed in host memory"});
+                   .seen = "a CUDA gradient on device " + std::to_string(v.device.index),
+                   .detail = "CUDA gradients are packed on their GPU, which needs the program "
+                             "to include dcomm/cuda.hpp (Meson's dcomm_cuda)"});
     grads_.push_back({v, 0, 0});
     return grads_.size() - 1;
   }
@@ -177,10 +191,15 @@ class gradient_bucketer {
   };
   struct bucket {
     dtype type;
+    dcomm::device device;
     std::vector<std::size_t> members;
     std::vector<std::size_t> offsets;  // in elements
     std::size_t count = 0;
-    std::vector<std::byte> flat;
+    std::vector<std::byte> flat;            // in host memory
+    detail::device_allocation flat_on_gpu;  // or on the gradients' GPU
+
+    bool on_gpu() const { return device.type != device::kind::cpu; }
+    void* data() { return on_gpu() ? flat_on_gpu.data() : flat.data(); }
     std::size_t ready = 0;
     request pending;  // valid while the bucket's all_reduce is in flight this step
   };
@@ -193,9 +212,10 @@ class gradient_bucketer {
   bool syncing() const { return no_sync_depth_ == 0; }
 
   // DDP's compute_bucket_assignment_by_size: walk the gradients from the
-  // last registered; each dtype fills a bucket of its own, which closes
-  // once it reaches its limit (the first closed bucket's limit is the
-  // small one). Buckets still open at the end follow, in dtype order.
+  // last registered; each dtype on each device fills a bucket of its own,
+  // which closes once it reaches its limit (the first closed bucket's limit
+  // is the small one). Buckets still open at the end follow, host memory's
+  // first, then by GPU, each in dtype order.
   void build() {
     if (built_) return;
     built_ = true;
@@ -203,13 +223,15 @@ class gradient_bucketer {
       bucket b;
       bool used = false;
     };
-    std::vector<open_bucket> open(static_cast<std::size_t>(dtype::float64) + 1);
+    std::map<std::tuple<int, int, int>, open_bucket> open;
     bool first = true;
     for (std::size_t i = grads_.size(); i-- > 0;) {
       auto& g = grads_[i];
-      auto& o = open[static_cast<std::size_t>(g.view.type)];
+      auto& o = open[{static_cast<int>(g.view.device.type), g.view.device.index,
+                      static_cast<int>(g.view.type)}];
       o.used = true;
       o.b.type = g.view.type;
+      o.b.device = g.view.device;
       o.b.members.push_back(i);
       o.b.offsets.push_back(o.b.count);
       o.b.count += g.view.count;
@@ -220,13 +242,27 @@ class gradient_bucketer {
         first = false;
       }
     }
-    for (auto& o : open)
+    for (auto& [key, o] : open)
       if (o.used) close(std::move(o.b));
   }
   void close(bucket b) {
     for (auto i : b.members) grads_[i].bucket = buckets_.size();
-    b.flat.resize(b.count * size_of(b.type));
+    const std::size_t bytes = b.count * size_of(b.type);
+    if (b.on_gpu())
+      b.flat_on_gpu = detail::device_allocation(bytes, b.device.index);
+    else
+      b.flat.resize(bytes);
     buckets_.push_back(std::move(b));
+  }
+
+  // Between a gradient and its place in the bucket: memcpy in host memory,
+  // a copy queued in the legacy default stream on a GPU.
+  static void copy(const bucket& b, void* dst, const void* src, std::size_t bytes) {
+    if (!bytes) return;
+    if (b.on_gpu())
+      detail::device_memory()->copy_on_device(dst, src, bytes, b.device.index);
+    else
+      std::memcpy(dst, src, bytes);
   }
 
   void check_bucket(std::size_t b) const {
@@ -243,12 +279,12 @@ class gradient_bucketer {
       auto& b = buckets_[next_launch_];
       if (b.ready < b.members.size()) break;
       const std::size_t es = size_of(b.type);
+      auto* flat = static_cast<std::byte*>(b.data());
       for (std::size_t k = 0; k < b.members.size(); ++k) {
         const auto& v = grads_[b.members[k]].view;
-        if (v.count) std::memcpy(b.flat.data() + b.offsets[k] * es, v.data, v.count * es);
+        copy(b, flat + b.offsets[k] * es, v.data, v.count * es);
       }
-      b.pending =
-          comm_.all_reduce(tensor_view{b.flat.data(), b.count, b.type, {}}, avg, as_request);
+      b.pending = comm_.all_reduce(tensor_view{flat, b.count, b.type, b.device}, avg, as_request);
       ++next_launch_;
     }
   }
@@ -262,9 +298,10 @@ class gradient_bucketer {
       try {
         co_await b.pending.async_wait();
         const std::size_t es = size_of(b.type);
+        const auto* flat = static_cast<const std::byte*>(b.data());
         for (std::size_t k = 0; k < b.members.size(); ++k) {
           const auto& v = grads_[b.members[k]].view;
-          if (v.count) std::memcpy(v.data, b.flat.data() + b.offsets[k] * es, v.count * es);
+          copy(b, v.data, flat + b.offsets[k] * es, v.count * es);
         }
       } catch (...) {
         if (!failure) failure = std::current_exception();

@@ -31,6 +31,8 @@ struct settings {
   std::atomic<const char*> fail_end{nullptr};
   std::atomic<long> copies{0};       // made so far
   std::atomic<long> pinned_live{0};  // page-locked blocks not freed yet
+  std::atomic<long> device_live{0};  // device allocations not freed yet
+  std::atomic<long> copies_on_device{0};
 };
 
 inline settings& state() {
@@ -78,8 +80,22 @@ inline void free_pinned(void* p) {
   ::operator delete (p, std::align_val_t{64});
 }
 
-inline constexpr detail::device_memory_hooks hooks{&to_host, &to_device, &allocate_pinned,
-                                                   &free_pinned};
+inline void* allocate_device(std::size_t bytes, int) {
+  ++state().device_live;
+  return ::operator new (bytes, std::align_val_t{64});
+}
+inline void free_device(void* p, int) {
+  --state().device_live;
+  ::operator delete (p, std::align_val_t{64});
+}
+inline void copy_on_device(void* dst, const void* src, std::size_t bytes, int) {
+  std::memcpy(dst, src, bytes);
+  ++state().copies_on_device;
+}
+
+inline constexpr detail::device_memory_hooks hooks{
+    &to_host,         &to_device,   &allocate_pinned, &free_pinned,
+    &allocate_device, &free_device, &copy_on_device};
 
 // For one test's scope: the hooks in place of whatever was installed (the
 // CUDA runtime's, where dcomm/cuda.hpp is included), failures off.

@@ -6,15 +6,18 @@
 //   template <class T> using buffer = ...;   // a tensor on device::cuda(0)
 //   static buffer<T> upload(const std::vector<T>&);
 //   static std::vector<T> download(const buffer<T>&);
+//   static void refill(buffer<T>&, const std::vector<T>&);  // in place, same size
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "dcomm/gradient_bucketer.hpp"
 #include "support/comm_world.hpp"
 
 namespace dcomm::test::staged {
@@ -260,6 +263,80 @@ void slicing_must_agree() {
     CHECK(contains(errors[r], "mismatch"));
   }
   CHECK(contains(errors[0] + errors[1] + errors[2], "slices"));
+}
+
+// gradient_bucketer on CUDA gradients (packed on their GPU), beside one in
+// host memory, over three ranks: tiny buckets (of both kinds, one going
+// slice by slice), two steps marked in a different order on each rank;
+// every gradient ends as its average over the ranks.
+template <class Memory>
+void bucketer_on_device() {
+  tcp_backend::options o;
+  o.staging_slice = 4096;
+  DCOMM_REQUIRE_WORLD(
+      3,
+      [](comm& c, int r) -> asio::awaitable<void> {
+        using M = Memory;
+        const int n = c.size();
+        // (rank + 1) * 3 averages to 6 over three ranks: exact averages.
+        auto value = [&](int rank, int step, int salt, std::size_t i) {
+          return (rank + 1) * 3 + step + salt + static_cast<int>(i % 11);
+        };
+        auto make = [&]<class T>(std::size_t count, int step, int salt, T) {
+          std::vector<T> v(count);
+          for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<T>(value(r, step, salt, i));
+          return v;
+        };
+        auto average = [&]<class T>(std::size_t count, int step, int salt, T) {
+          std::vector<T> v(count);
+          for (std::size_t i = 0; i < count; ++i) {
+            int sum = 0;
+            for (int q = 0; q < n; ++q) sum += value(q, step, salt, i);
+            v[i] = static_cast<T>(sum / n);
+          }
+          return v;
+        };
+        auto d1 = M::upload(make(1001, 0, 1, float{}));
+        auto d2 = M::upload(make(20001, 0, 2, double{}));
+        auto d3 = M::upload(make(7, 0, 3, float{}));
+        typename M::template buffer<float> d4;  // empty
+        auto h1 = make(777, 0, 4, float{});
+        dcomm::gradient_bucketer bucketer(
+            c, dcomm::bucketer_options{.first_bucket_bytes = 64, .bucket_bytes = 4096});
+        bucketer.add(d1);
+        bucketer.add(h1);
+        bucketer.add(d2);
+        bucketer.add(d3);
+        bucketer.add(d4);
+        for (std::size_t b = 0; b < bucketer.bucket_count(); ++b) {
+          auto members = bucketer.bucket_members(b);
+          const bool on_host = members[0] == 1;
+          for (auto m : members)
+            require((m == 1) == on_host, "a bucket mixes host and device gradients");
+        }
+        // From the last registered: [d2] (closed at the 64 B first limit;
+        // sliced by the staging), then what is open at the end: [h1] in
+        // host memory, [d4 d3 d1] on the GPU (staged whole).
+        require(bucketer.bucket_count() == 3, "three buckets");
+        for (int step = 0; step < 2; ++step) {
+          if (step > 0) {  // in place: the bucketer keeps the addresses it was given
+            M::refill(d1, make(1001, step, 1, float{}));
+            M::refill(d2, make(20001, step, 2, double{}));
+            M::refill(d3, make(7, step, 3, float{}));
+            auto h = make(777, step, 4, float{});
+            std::copy(h.begin(), h.end(), h1.begin());
+          }
+          std::vector<std::size_t> order{0, 1, 2, 3, 4};
+          std::rotate(order.begin(), order.begin() + r, order.end());
+          for (auto i : order) bucketer.mark_ready(i);
+          co_await bucketer.wait();
+          require(M::download(d1) == average(1001, step, 1, float{}), "d1");
+          require(M::download(d2) == average(20001, step, 2, double{}), "d2");
+          require(M::download(d3) == average(7, step, 3, float{}), "d3");
+          require(h1 == average(777, step, 4, float{}), "h1");
+        }
+      },
+      std::chrono::seconds(60), o);
 }
 
 }  // namespace dcomm::test::staged

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dcomm/tensor.hpp"
@@ -29,6 +30,12 @@ struct device_memory_hooks {
   // Page-locked host memory, which the GPU copies at full speed.
   void* (*allocate_pinned)(std::size_t bytes) = nullptr;
   void (*free_pinned)(void* p) = nullptr;
+  // Memory on GPU `device`, and copies within it that are queued in the
+  // legacy default stream (ordered after the work queued there before, and
+  // before the work of blocking streams queued after; the host does not wait).
+  void* (*allocate_device)(std::size_t bytes, int device) = nullptr;
+  void (*free_device)(void* p, int device) = nullptr;
+  void (*copy_on_device)(void* dst, const void* src, std::size_t bytes, int device) = nullptr;
 };
 
 inline const device_memory_hooks*& device_memory() noexcept {
@@ -40,6 +47,36 @@ template <class View>
 bool on_device(const View& v) noexcept {
   return v.device.type == device::kind::cuda && v.bytes() != 0;
 }
+
+// `bytes` of memory on GPU `device`, owned (move-only).
+class device_allocation {
+ public:
+  device_allocation() = default;
+  device_allocation(std::size_t bytes, int device)
+      : data_(bytes ? device_memory()->allocate_device(bytes, device) : nullptr), device_(device) {}
+  device_allocation(device_allocation&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), device_(other.device_) {}
+  device_allocation& operator=(device_allocation&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      device_ = other.device_;
+    }
+    return *this;
+  }
+  device_allocation(const device_allocation&) = delete;
+  device_allocation& operator=(const device_allocation&) = delete;
+  ~device_allocation() { release(); }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void release() noexcept {
+    if (data_) device_memory()->free_device(data_, device_);
+    data_ = nullptr;
+  }
+  void* data_ = nullptr;
+  int device_ = 0;
+};
 
 // Page-locked host blocks kept for reuse by one backend, on its executor:
 // cudaMallocHost is slow and cudaFreeHost may wait for the whole device.
