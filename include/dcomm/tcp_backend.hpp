@@ -261,7 +261,7 @@ class tcp_backend {
       co_await sliced_call(c, ctx, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
                            buf.device.index, "broadcast", no_start,
                            [&](const slice& s) -> detail::task<void> {
-                             co_await broadcast_on(c, ctx, s.host, s.end - s.begin, root);
+                             co_await broadcast_on(c, ctx, s.host, s.bytes(), root);
                            });
       co_return;
     }
@@ -578,6 +578,13 @@ class tcp_backend {
     return detail::on_device(v) && v.bytes() > o_.staging_slice;
   }
 
+  // Slice k, on the host: bytes [begin, end) of the tensor, at `host`.
+  struct slice {
+    char* host;
+    std::size_t count;  // elements
+    std::size_t begin, end;
+    std::size_t bytes() const { return end - begin; }
+  };
   // How a tensor is cut: slices of `slice_bytes` (whole elements), at most
   // 255 of them (a collective's slice k has steps k << 24).
   struct slice_plan {
@@ -586,16 +593,12 @@ class tcp_backend {
           count(v.count),
           per(std::max({slice_bytes / es, std::size_t{1}, (count + 254) / 255})),
           slices((count + per - 1) / per) {}
-    std::size_t begin(std::size_t k) const { return k * per * es; }  // bytes
-    std::size_t end(std::size_t k) const { return std::min(count, (k + 1) * per) * es; }
+    // Slice k of a tensor whose host copy is at `block`.
+    slice at(std::size_t k, char* block) const {
+      const std::size_t begin = k * per * es, end = std::min(count, (k + 1) * per) * es;
+      return {block + begin, (end - begin) / es, begin, end};
+    }
     std::size_t es, count, per, slices;
-  };
-  // Slice k, on the host: bytes [begin, end) of the tensor, at `host`.
-  struct slice {
-    std::size_t index;
-    char* host;
-    std::size_t count;  // elements
-    std::size_t begin, end;
   };
   static void no_start(char*, std::size_t) {}
 
@@ -633,9 +636,10 @@ class tcp_backend {
     char* host = static_cast<char*>(block.block.data);
     std::size_t queued = 0;
     if (src)
-      for (std::size_t k = 0; k < plan.slices; ++k, ++queued)
-        copies_.to_host(copies, host + plan.begin(k), static_cast<const char*>(src) + plan.begin(k),
-                        plan.end(k) - plan.begin(k), device);
+      for (std::size_t k = 0; k < plan.slices; ++k, ++queued) {
+        const slice s = plan.at(k, host);
+        copies_.to_host(copies, s.host, static_cast<const char*>(src) + s.begin, s.bytes(), device);
+      }
     std::exception_ptr failure;
     try {
       // run() waits for every message, sends from the block included, or
@@ -645,11 +649,10 @@ class tcp_backend {
         for (std::size_t k = 0; k < plan.slices; ++k) {
           if (src) co_await copies_done(*copies, k + 1, ctx.deadline, operation);
           c.set_step_base(static_cast<std::uint32_t>(k << 24));
-          co_await body(slice{k, host + plan.begin(k), (plan.end(k) - plan.begin(k)) / plan.es,
-                              plan.begin(k), plan.end(k)});
+          const slice s = plan.at(k, host);
+          co_await body(s);
           if (dst) {
-            copies_.to_device(copies, static_cast<char*>(dst) + plan.begin(k), host + plan.begin(k),
-                              plan.end(k) - plan.begin(k), device);
+            copies_.to_device(copies, static_cast<char*>(dst) + s.begin, s.host, s.bytes(), device);
             ++queued;
           }
         }
