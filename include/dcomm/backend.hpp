@@ -173,6 +173,9 @@ concept backend = requires {
   { B::name } -> std::convertible_to<std::string_view>;
   // Capabilities checked at compile time by the front end.
   { B::supports_custom_reduce } -> std::convertible_to<bool>;
+  // Throws errc::invalid_argument if the operation (its name: "all_reduce")
+  // has no such algorithm; called before the call takes a sequence number.
+  {B::check_algorithm(std::string_view{}, algorithm::automatic)};
   { B::supports_bitwise_reduce } -> std::convertible_to<bool>;
   { B::supports_streams } -> std::convertible_to<bool>;
 }

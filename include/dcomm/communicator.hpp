@@ -318,7 +318,10 @@ class communicator {
   template <tensor T, op_token Token = default_token_t>
   auto send(const T& t, int dst, int tag, op_options o, Token&& token = {}) const {
     auto in = view(t);
-    auto bad = check([&] { check_peer(dst, "send", in); });
+    auto bad = check([&] {
+      check_peer(dst, "send", in);
+      check_options("send", o);
+    });
     return launch<void>("send", std::forward<Token>(token), bad, p2p_context(tag, o),
                         [in, dst](Backend& b, const op_context& c) { return b.send(c, in, dst); });
   }
@@ -334,7 +337,10 @@ class communicator {
   template <mutable_tensor T, op_token Token = default_token_t>
   auto recv(T&& t, int src, int tag, op_options o, Token&& token = {}) const {
     auto out = mutable_view(t);
-    auto bad = check([&] { check_peer(src, "recv", out); });
+    auto bad = check([&] {
+      check_peer(src, "recv", out);
+      check_options("recv", o);
+    });
     return launch<void>(
         "recv", std::forward<Token>(token), bad, p2p_context(tag, o),
         [out, src](Backend& b, const op_context& c) { return b.recv(c, out, src); });
@@ -344,14 +350,20 @@ class communicator {
   template <tensor T>
   request isend(const T& t, int dst, int tag = 0, op_options o = {}) const {
     auto in = view(t);
-    auto bad = check([&] { check_peer(dst, "isend", in); });
+    auto bad = check([&] {
+      check_peer(dst, "isend", in);
+      check_options("isend", o);
+    });
     return start_request("isend", bad, p2p_context(tag, o),
                          [in, dst](Backend& b, const op_context& c) { return b.send(c, in, dst); });
   }
   template <mutable_tensor T>
   request irecv(T&& t, int src, int tag = 0, op_options o = {}) const {
     auto out = mutable_view(t);
-    auto bad = check([&] { check_peer(src, "irecv", out); });
+    auto bad = check([&] {
+      check_peer(src, "irecv", out);
+      check_options("irecv", o);
+    });
     return start_request(
         "irecv", bad, p2p_context(tag, o),
         [out, src](Backend& b, const op_context& c) { return b.recv(c, out, src); });
@@ -365,7 +377,9 @@ class communicator {
   }
   template <op_token Token = default_token_t>
   auto barrier(op_options o, Token&& token = {}) const {
-    return launch<void>("barrier", std::forward<Token>(token), nullptr, coll_context(o),
+    std::exception_ptr bad;
+    auto ctx = coll_context("barrier", o, bad);
+    return launch<void>("barrier", std::forward<Token>(token), bad, ctx,
                         [](Backend& b, const op_context& c) { return b.barrier(c); });
   }
 
@@ -381,8 +395,9 @@ class communicator {
       check_tensor(v, "broadcast");
       check_rank(root, "broadcast", "root");
     });
+    auto ctx = coll_context("broadcast", o, bad);
     return launch<void>(
-        "broadcast", std::forward<Token>(token), bad, coll_context(o, bad),
+        "broadcast", std::forward<Token>(token), bad, ctx,
         [v, root](Backend& b, const op_context& c) { return b.broadcast(c, v, root); });
   }
 
@@ -454,8 +469,9 @@ class communicator {
         check_no_partial_overlap(i, w, "scatter", w.data == root_block(i, w.count));
       }
     });
+    auto ctx = coll_context("scatter", o, bad);
     return launch<void>(
-        "scatter", std::forward<Token>(token), bad, coll_context(o, bad),
+        "scatter", std::forward<Token>(token), bad, ctx,
         [i, w, root](Backend& b, const op_context& c) { return b.scatter(c, i, w, root); });
   }
   // In place: every rank passes size() blocks; rank r's block r is written.
@@ -487,8 +503,9 @@ class communicator {
         check_no_partial_overlap(i, w, "gather", i.data == root_block(w, i.count));
       }
     });
+    auto ctx = coll_context("gather", o, bad);
     return launch<void>(
-        "gather", std::forward<Token>(token), bad, coll_context(o, bad),
+        "gather", std::forward<Token>(token), bad, ctx,
         [i, w, root](Backend& b, const op_context& c) { return b.gather(c, i, w, root); });
   }
   // In place: rank r's contribution is block r of its buffer.
@@ -513,7 +530,8 @@ class communicator {
       check_blocks(w, i.count, "all_gather", "the output", "the input");
       check_no_partial_overlap(i, w, "all_gather", i.data == root_block(w, i.count));
     });
-    return launch<void>("all_gather", std::forward<Token>(token), bad, coll_context(o, bad),
+    auto ctx = coll_context("all_gather", o, bad);
+    return launch<void>("all_gather", std::forward<Token>(token), bad, ctx,
                         [i, w](Backend& b, const op_context& c) { return b.all_gather(c, i, w); });
   }
   // In place: rank r's contribution is block r of its buffer.
@@ -579,7 +597,8 @@ class communicator {
           (i.data == w.data && i.count))
         invalid("all_to_all", "input and output overlap; use the one-buffer (in-place) form");
     });
-    return launch<void>("all_to_all", std::forward<Token>(token), bad, coll_context(o, bad),
+    auto ctx = coll_context("all_to_all", o, bad);
+    return launch<void>("all_to_all", std::forward<Token>(token), bad, ctx,
                         [i, w](Backend& b, const op_context& c) { return b.all_to_all(c, i, w); });
   }
   // In place (through a copy of the buffer).
@@ -603,8 +622,9 @@ class communicator {
                                     " elements are not a multiple of the group size " +
                                     std::to_string(size()));
       });
+    auto ctx = coll_context("all_to_all", op_options{}, bad);
     return launch<void>(
-        "all_to_all", std::forward<Token>(token), bad, coll_context({}, bad),
+        "all_to_all", std::forward<Token>(token), bad, ctx,
         [i, v, copy](Backend& b, const op_context& c) { return b.all_to_all(c, i, v); });
   }
 
@@ -626,8 +646,9 @@ class communicator {
       out.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
       return mutable_view(out);
     };
+    auto ctx = coll_context("all_gather_v", o, bad);
     return launch<std::vector<std::size_t>>(
-        "all_gather_v", std::forward<Token>(token), bad, coll_context(o, bad),
+        "all_gather_v", std::forward<Token>(token), bad, ctx,
         [i, alloc](Backend& b, const op_context& c) { return b.all_gather_v(c, i, alloc); });
   }
 
@@ -661,8 +682,9 @@ class communicator {
       out.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
       return mutable_view(out);
     };
+    auto ctx = coll_context("all_to_all_v", o, bad);
     return launch<std::vector<std::size_t>>(
-        "all_to_all_v", std::forward<Token>(token), bad, coll_context(o, bad),
+        "all_to_all_v", std::forward<Token>(token), bad, ctx,
         [i, counts = std::move(send_counts), alloc](Backend& b, const op_context& c) {
           return b.all_to_all_v(c, i, counts, alloc);
         });
@@ -675,7 +697,7 @@ class communicator {
   template <object_value T, op_token Token = default_token_t>
   auto broadcast_object(T& obj, int root, Token&& token = {}) const {
     auto bad = check([&] { check_rank(root, "broadcast_object", "root"); });
-    auto ctx = coll_context({}, bad);
+    auto ctx = coll_context("broadcast_object", op_options{}, bad);
     auto data_seq = bad ? 0 : group_->next_seq.fetch_add(1);  // the payload's own call
     auto payload = rank() == root ? detail::to_bytes(obj) : std::vector<std::uint8_t>{};
     return launch<void>("broadcast_object", std::forward<Token>(token), bad, ctx,
@@ -698,8 +720,10 @@ class communicator {
   template <object_value T, completion_token_for<std::vector<T>> Token = default_token_t>
   auto all_gather_object(const T& obj, Token&& token = {}) const {
     auto bytes = detail::to_bytes(obj);
+    std::exception_ptr bad;
+    auto ctx = coll_context("all_gather_object", op_options{}, bad);
     return launch<std::vector<T>>(
-        "all_gather_object", std::forward<Token>(token), nullptr, coll_context({}),
+        "all_gather_object", std::forward<Token>(token), bad, ctx,
         [bytes = std::move(bytes)](Backend& b,
                                    const op_context& c) -> detail::task<std::vector<T>> {
           std::vector<std::uint8_t> all;
@@ -755,8 +779,10 @@ class communicator {
     const std::uint64_t index = group_->children.fetch_add(1);
     std::array<std::int64_t, 2> mine{color, key};
     auto self = *this;
+    std::exception_ptr bad;
+    auto ctx = coll_context("split", op_options{}, bad);
     return launch<std::optional<communicator>>(
-        "split", std::forward<Token>(token), nullptr, coll_context({}),
+        "split", std::forward<Token>(token), bad, ctx,
         [self, mine, index](Backend& b,
                             const op_context& c) -> detail::task<std::optional<communicator>> {
           std::vector<std::int64_t> all(2 * static_cast<std::size_t>(self.size()));
@@ -917,12 +943,21 @@ class communicator {
     return {group_, static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
             clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
   }
-  // A collective takes the group's next sequence number, unless its input
-  // was refused (then no rank's numbering moves... on this rank; the others
-  // will time out or see a mismatch, as they should).
-  op_context coll_context(const op_options& o, const std::exception_ptr& bad = nullptr) const {
+  // A collective takes the group's next sequence number, unless it is
+  // refused: its input already (`bad`), or its options here. A refused call
+  // takes no number, so the next call still matches the other ranks'.
+  op_context coll_context(const char* operation, const op_options& o,
+                          std::exception_ptr& bad) const {
+    if (!bad) bad = check([&] { check_options(operation, o); });
     return {group_, bad ? 0 : group_->next_seq.fetch_add(1),
             clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
+  }
+  // What the backend cannot do with these options.
+  static void check_options(const char* operation, const op_options& o) {
+    if (o.stream && !Backend::supports_streams)
+      invalid(operation, "op_options::stream is set, but the " + std::string(Backend::name) +
+                             " backend has no streams; leave it null");
+    Backend::check_algorithm(operation, o.algorithm);
   }
 
   template <class R, class F>
@@ -932,11 +967,6 @@ class communicator {
   template <class R, class Token, class F>
   auto launch(const char* operation, Token&& token, std::exception_ptr bad, op_context ctx,
               F f) const {
-    if (!bad && ctx.stream && !Backend::supports_streams)
-      bad = check([&] {
-        invalid(operation, "op_options::stream is set, but the " + std::string(Backend::name) +
-                               " backend has no streams; leave it null");
-      });
     if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
       static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
       return start_request(operation, bad, std::move(ctx), std::move(f));
@@ -1024,7 +1054,7 @@ class communicator {
       bad = check([&] {
         if constexpr (std::is_void_v<E>) check_reduce_op(reduce_kind_of_v<Op>, type);
       });
-    auto ctx = coll_context(o, bad);
+    auto ctx = coll_context(operation, o, bad);
     return launch<void>(operation, std::forward<Token>(token), bad, ctx,
                         [op, type, f](Backend& b, const op_context& c) {
                           return run_reduction<E>(b, c, op, type, f);

@@ -451,6 +451,17 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   // This rank's GPU only; every dtype of dcomm is one NCCL carries.
+  // NCCL picks its algorithms itself (NCCL_ALGO tunes them): a call may
+  // not ask for one of dcomm's.
+  static void check_algorithm(std::string_view operation, algorithm a) {
+    if (a != algorithm::automatic)
+      throw_error(errc::invalid_argument,
+                  {.operation = std::string(operation),
+                   .detail = "algorithm " + std::string(dcomm::name(a)) +
+                             " is not available on the nccl backend: NCCL chooses its own "
+                             "(set NCCL_ALGO to steer it); leave it automatic"});
+  }
+
   void check_tensor(const const_tensor_view& v, const char* operation) const {
     if (v.count == 0) return;  // never touched: any empty buffer will do
     if (v.device.type != device::kind::cuda)

@@ -34,6 +34,51 @@ namespace dcomm {
 
 namespace detail::tcp_net {
 
+// The algorithms of each collective, for small and for large messages (the
+// same where it has one): chosen by size unless a call or DCOMM_ALGO asks
+// for one of them.
+struct algorithm_choice {
+  coll_op op;
+  algorithm small, large;
+};
+inline constexpr algorithm_choice algorithm_table[] = {
+    {coll_op::barrier, algorithm::automatic, algorithm::automatic},  // dissemination only
+    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain},
+    {coll_op::reduce, algorithm::binomial_tree, algorithm::chain},
+    {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring},
+    {coll_op::scatter, algorithm::direct, algorithm::direct},
+    {coll_op::gather, algorithm::direct, algorithm::direct},
+    {coll_op::all_gather, algorithm::direct, algorithm::ring},
+    {coll_op::reduce_scatter, algorithm::direct, algorithm::ring},
+    {coll_op::all_to_all, algorithm::direct, algorithm::direct},
+    {coll_op::all_gather_v, algorithm::direct, algorithm::direct},
+    {coll_op::all_to_all_v, algorithm::direct, algorithm::direct},
+};
+
+inline const algorithm_choice& algorithms_of(coll_op op) {
+  for (const auto& c : algorithm_table)
+    if (c.op == op) return c;
+  return algorithm_table[0];
+}
+
+// Empty if `a` may be asked of `operation` (a communicator operation's
+// name), else why not.
+inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
+  if (a == algorithm::automatic) return {};
+  for (const auto& c : algorithm_table) {
+    if (operation != name(c.op)) continue;
+    if (a == c.small || a == c.large) return {};
+    if (c.small == algorithm::automatic)
+      return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
+             std::string(operation) + " (it has one algorithm: leave it automatic)";
+    return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
+           std::string(operation) + " (it has " + std::string(dcomm::name(c.small)) +
+           (c.large == c.small ? std::string() : " and " + std::string(dcomm::name(c.large))) + ")";
+  }
+  return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
+         std::string(operation) + " (it has no algorithm to choose: leave it automatic)";
+}
+
 // "all_reduce=ring,broadcast=chain" (the DCOMM_ALGO variable) as overrides.
 inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view spec) {
   std::map<coll_op, algorithm> out;
@@ -59,6 +104,7 @@ inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view s
     for (int i = 1; i <= static_cast<int>(coll_op::all_to_all); ++i)
       if (op_name == name(static_cast<coll_op>(i))) op = static_cast<coll_op>(i);
     if (!op) fail("unknown operation '" + std::string(op_name) + "'");
+    if (auto why = refuse_algorithm(op_name, *a); !why.empty()) fail(why);
     out[*op] = *a;
   }
   return out;
@@ -171,6 +217,13 @@ class tcp_backend {
     asio::dispatch(ex_, [net = net_] { net->close(); });
   }
 
+  // Refuses, before the call takes a sequence number, an algorithm the
+  // operation does not have.
+  static void check_algorithm(std::string_view operation, algorithm a) {
+    if (auto why = detail::tcp_net::refuse_algorithm(operation, a); !why.empty())
+      throw_error(errc::invalid_argument, {.operation = std::string(operation), .detail = why});
+  }
+
   // Host memory, and CUDA tensors where the program includes dcomm/cuda.hpp:
   // those are staged through page-locked host memory (Gloo's way for GPUs
   // without NCCL's connectivity).
@@ -245,7 +298,8 @@ class tcp_backend {
 
   // --- collectives ---
   detail::task<void> barrier(op_context ctx) {
-    detail::tcp_net::call c(*net_, ctx, true, sig(detail::tcp_net::coll_op::barrier), "barrier");
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, detail::tcp_net::coll_op::barrier),
+                            "barrier");
     co_await c.run(
         [&]() -> detail::task<void> { co_await detail::tcp_net::dissemination_barrier(c); });
   }
@@ -256,12 +310,13 @@ class tcp_backend {
       const slice_plan plan(buf, o_.staging_slice);
       detail::tcp_net::call c(
           *net_, ctx, true,
-          sig(coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices), "broadcast");
+          sig(ctx, coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices),
+          "broadcast");
       const bool is_root = ctx.group->rank == root;
       co_await sliced_call(c, ctx, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
                            buf.device.index, "broadcast", no_start,
                            [&](const slice& s) -> detail::task<void> {
-                             co_await broadcast_on(c, ctx, s.host, s.bytes(), root);
+                             co_await broadcast_on(c, s.host, s.bytes(), root);
                            });
       co_return;
     }
@@ -272,11 +327,11 @@ class tcp_backend {
       co_return;
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::broadcast, buf.type, buf.count, root),
-                            "broadcast");
+    detail::tcp_net::call c(*net_, ctx, true,
+                            sig(ctx, coll_op::broadcast, buf.type, buf.count, root), "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (c.size() == 1) co_return;
-      co_await broadcast_on(c, ctx, buf.data, buf.bytes(), root);
+      co_await broadcast_on(c, buf.data, buf.bytes(), root);
     });
   }
 
@@ -287,7 +342,7 @@ class tcp_backend {
       using detail::tcp_net::coll_op;
       const slice_plan plan(in, o_.staging_slice);
       detail::tcp_net::call c(*net_, ctx, true,
-                              sig(coll_op::reduce, in.type, in.count, root, &op, plan.slices),
+                              sig(ctx, coll_op::reduce, in.type, in.count, root, &op, plan.slices),
                               "reduce");
       // In place on a slice of the block: the result goes back to the
       // root's output, and to a non-root's buffer only if it is also its
@@ -295,7 +350,7 @@ class tcp_backend {
       const bool back = ctx.group->rank == root || in_place;
       co_await sliced_call(c, ctx, plan, in.data, back ? out.data : nullptr, in.device.index,
                            "reduce", no_start, [&](const slice& s) -> detail::task<void> {
-                             co_await reduce_on(c, ctx, s.host, s.host, s.count, in.type, op, root);
+                             co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
                            });
       co_return;
     }
@@ -307,10 +362,10 @@ class tcp_backend {
       co_return;
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::reduce, in.type, in.count, root, &op),
-                            "reduce");
+    detail::tcp_net::call c(*net_, ctx, true,
+                            sig(ctx, coll_op::reduce, in.type, in.count, root, &op), "reduce");
     co_await c.run([&]() -> detail::task<void> {
-      co_await reduce_on(c, ctx, in.data, out.data, in.count, in.type, op, root);
+      co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
 
@@ -319,12 +374,12 @@ class tcp_backend {
     if (sliced(out) && (in_place || sliced(in))) {
       using detail::tcp_net::coll_op;
       const slice_plan plan(out, o_.staging_slice);
-      detail::tcp_net::call c(*net_, ctx, true,
-                              sig(coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices),
-                              "all_reduce");
+      detail::tcp_net::call c(
+          *net_, ctx, true,
+          sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices), "all_reduce");
       co_await sliced_call(c, ctx, plan, in.data, out.data, out.device.index, "all_reduce",
                            no_start, [&](const slice& s) -> detail::task<void> {
-                             co_await all_reduce_on(c, ctx, s.host, s.host, s.count, out.type, op);
+                             co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
                            });
       co_return;
     }
@@ -337,9 +392,10 @@ class tcp_backend {
     }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true,
-                            sig(coll_op::all_reduce, out.type, out.count, -1, &op), "all_reduce");
+                            sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op),
+                            "all_reduce");
     co_await c.run([&]() -> detail::task<void> {
-      co_await all_reduce_on(c, ctx, in.data, out.data, out.count, out.type, op);
+      co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
     });
   }
 
@@ -353,10 +409,10 @@ class tcp_backend {
       co_return;
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::scatter, out.type, out.count, root),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root),
                             "scatter");
     co_await c.run([&]() -> detail::task<void> {
-      only_direct(c, ctx, coll_op::scatter);
+      choose(c, coll_op::scatter, true);
       co_await detail::tcp_net::direct_scatter(c, in.data, out.data, out.bytes(), root);
     });
   }
@@ -371,10 +427,10 @@ class tcp_backend {
       co_return;
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::gather, in.type, in.count, root),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root),
                             "gather");
     co_await c.run([&]() -> detail::task<void> {
-      only_direct(c, ctx, coll_op::gather);
+      choose(c, coll_op::gather, true);
       co_await detail::tcp_net::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
@@ -388,11 +444,10 @@ class tcp_backend {
       co_return;
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather, in.type, in.count),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count),
                             "all_gather");
     co_await c.run([&]() -> detail::task<void> {
-      auto a = choose(c, ctx, coll_op::all_gather, out.bytes() <= o_.small_all_gather,
-                      algorithm::direct, algorithm::ring);
+      auto a = choose(c, coll_op::all_gather, out.bytes() <= o_.small_all_gather);
       if (a == algorithm::direct)
         co_await detail::tcp_net::direct_all_gather(c, in.data, out.data, in.count,
                                                     size_of(in.type));
@@ -414,12 +469,11 @@ class tcp_backend {
     }
     using detail::tcp_net::coll_op;
     detail::tcp_net::call c(*net_, ctx, true,
-                            sig(coll_op::reduce_scatter, out.type, out.count, -1, &op),
+                            sig(ctx, coll_op::reduce_scatter, out.type, out.count, -1, &op),
                             "reduce_scatter");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
-      auto a = choose(c, ctx, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter,
-                      algorithm::direct, algorithm::ring);
+      auto a = choose(c, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter);
       if (a == algorithm::direct || c.size() == 1)
         co_await detail::tcp_net::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
       else
@@ -439,10 +493,10 @@ class tcp_backend {
     }
     using detail::tcp_net::coll_op;
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all, in.type, in.count / n),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, in.type, in.count / n),
                             "all_to_all");
     co_await c.run([&]() -> detail::task<void> {
-      only_direct(c, ctx, coll_op::all_to_all);
+      choose(c, coll_op::all_to_all, true);
       co_await detail::tcp_net::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
     });
   }
@@ -454,11 +508,11 @@ class tcp_backend {
       co_return co_await all_gather_v(ctx, st.in(in), std::move(alloc));
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_gather_v, in.type, 0),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0),
                             "all_gather_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
-      only_direct(c, ctx, coll_op::all_gather_v);
+      choose(c, coll_op::all_gather_v, true);
       counts = co_await detail::tcp_net::direct_all_gather_v(c, in, alloc);
     });
     co_return counts;
@@ -472,11 +526,11 @@ class tcp_backend {
       co_return co_await all_to_all_v(ctx, st.in(in), std::move(send_counts), std::move(alloc));
     }
     using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(coll_op::all_to_all_v, in.type, 0),
+    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0),
                             "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
-      only_direct(c, ctx, coll_op::all_to_all_v);
+      choose(c, coll_op::all_to_all_v, true);
       counts = co_await detail::tcp_net::direct_all_to_all_v(c, in, send_counts, alloc);
     });
     co_return counts;
@@ -505,65 +559,64 @@ class tcp_backend {
     return {.op = detail::tcp_net::coll_op::p2p, .type = t, .count = count};
   }
   // `slices`: of a CUDA tensor staged slice by slice (0: not sliced).
-  static detail::tcp_net::call_signature sig(detail::tcp_net::coll_op op, dtype t = dtype::uint8,
-                                             std::size_t count = 0, int root = -1,
-                                             const reducer* r = nullptr, std::size_t slices = 0) {
+  detail::tcp_net::call_signature sig(const op_context& ctx, detail::tcp_net::coll_op op,
+                                      dtype t = dtype::uint8, std::size_t count = 0, int root = -1,
+                                      const reducer* r = nullptr, std::size_t slices = 0) const {
     return {.op = op,
             .type = t,
             .reduce = r ? r->kind : reduce_kind::sum,
             .has_reduce = static_cast<std::uint8_t>(r ? 1 : 0),
             .root = root,
             .count = count,
-            .slices = static_cast<std::uint32_t>(slices)};
+            .slices = static_cast<std::uint32_t>(slices),
+            .algo = requested(ctx, op)};
+  }
+  // The algorithm asked for: by the call, else by DCOMM_ALGO.
+  algorithm requested(const op_context& ctx, detail::tcp_net::coll_op op) const {
+    if (ctx.algorithm != algorithm::automatic) return ctx.algorithm;
+    auto o = overrides_.find(op);
+    return o == overrides_.end() ? algorithm::automatic : o->second;
   }
 
-  // The call's algorithm, the DCOMM_ALGO override, or the size-based pick.
-  algorithm choose(detail::tcp_net::call& c, const op_context& ctx, detail::tcp_net::coll_op op,
-                   bool small, algorithm for_small, algorithm for_large) const {
-    algorithm a = ctx.algorithm;
-    if (a == algorithm::automatic) {
-      auto o = overrides_.find(op);
-      if (o != overrides_.end()) a = o->second;
-    }
-    if (a == algorithm::automatic) return small ? for_small : for_large;
-    if (a != for_small && a != for_large)
-      c.invalid("algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-                detail::tcp_net::name(op) + " (it has " + std::string(dcomm::name(for_small)) +
-                " and " + std::string(dcomm::name(for_large)) + ")");
+  // The algorithm asked for, or the table's pick by size. (The front end
+  // refused the call before it started if the algorithm is not the op's.)
+  static algorithm choose(detail::tcp_net::call& c, detail::tcp_net::coll_op op, bool small) {
+    const auto& choice = detail::tcp_net::algorithms_of(op);
+    const algorithm a = c.signature().algo;
+    if (a == algorithm::automatic) return small ? choice.small : choice.large;
+    if (a != choice.small && a != choice.large)
+      c.invalid(detail::tcp_net::refuse_algorithm(detail::tcp_net::name(op), a));
     return a;
   }
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
-  detail::task<void> broadcast_on(detail::tcp_net::call& c, const op_context& ctx, void* data,
-                                  std::size_t bytes, int root) {
+  detail::task<void> broadcast_on(detail::tcp_net::call& c, void* data, std::size_t bytes,
+                                  int root) {
     using detail::tcp_net::coll_op;
-    auto a = choose(c, ctx, coll_op::broadcast, bytes <= o_.small_broadcast,
-                    algorithm::binomial_tree, algorithm::chain);
+    auto a = choose(c, coll_op::broadcast, bytes <= o_.small_broadcast);
     if (a == algorithm::binomial_tree)
       co_await detail::tcp_net::binomial_broadcast(c, data, bytes, root);
     else
       co_await detail::tcp_net::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
   }
-  detail::task<void> reduce_on(detail::tcp_net::call& c, const op_context& ctx, const void* in,
-                               void* out, std::size_t count, dtype type, const reducer& op,
-                               int root) {
+  detail::task<void> reduce_on(detail::tcp_net::call& c, const void* in, void* out,
+                               std::size_t count, dtype type, const reducer& op, int root) {
     using detail::tcp_net::coll_op;
     const std::size_t es = size_of(type);
-    auto a = choose(c, ctx, coll_op::reduce, count * es <= o_.small_broadcast,
-                    algorithm::binomial_tree, algorithm::chain);
+    auto a = choose(c, coll_op::reduce, count * es <= o_.small_broadcast);
     if (a == algorithm::binomial_tree || c.size() == 1)
       co_await detail::tcp_net::binomial_reduce(c, in, out, count, es, op, root);
     else
       co_await detail::tcp_net::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
   }
-  detail::task<void> all_reduce_on(detail::tcp_net::call& c, const op_context& ctx, const void* in,
-                                   void* out, std::size_t count, dtype type, const reducer& op) {
+  detail::task<void> all_reduce_on(detail::tcp_net::call& c, const void* in, void* out,
+                                   std::size_t count, dtype type, const reducer& op) {
     using detail::tcp_net::coll_op;
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
-    auto a = choose(c, ctx, coll_op::all_reduce,
-                    count * es <= o_.small_all_reduce || count < static_cast<std::size_t>(c.size()),
-                    algorithm::recursive_doubling, algorithm::ring);
+    auto a =
+        choose(c, coll_op::all_reduce,
+               count * es <= o_.small_all_reduce || count < static_cast<std::size_t>(c.size()));
     if (a == algorithm::recursive_doubling || c.size() == 1) {
       if (!in_place && count) std::memcpy(out, in, count * es);
       co_await detail::tcp_net::recursive_doubling_all_reduce(c, out, count, es, op);
@@ -701,13 +754,6 @@ class tcp_backend {
       co_await timer.async_wait(detail::use_task);
     }
     if (rethrow && b.failure) std::rethrow_exception(b.failure);
-  }
-
-  void only_direct(detail::tcp_net::call& c, const op_context& ctx,
-                   detail::tcp_net::coll_op op) const {
-    if (ctx.algorithm != algorithm::automatic && ctx.algorithm != algorithm::direct)
-      c.invalid("algorithm " + std::string(dcomm::name(ctx.algorithm)) + " is not available for " +
-                detail::tcp_net::name(op) + " (it has direct)");
   }
 
   asio::any_io_executor ex_;

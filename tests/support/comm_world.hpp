@@ -9,13 +9,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/store/hash_store.hpp"
 #include "dcomm/tcp_backend.hpp"
 #include "support/sanitizer.hpp"
-
 
 namespace dcomm::test {
 
@@ -75,6 +75,21 @@ struct check_failed : std::runtime_error {
 // Inside a rank's coroutine: fails that rank with `what`.
 inline void require(bool ok, const std::string& what) {
   if (!ok) throw check_failed(what);
+}
+
+// The error code and message a coroutine failed with (none: "").
+template <class F>
+asio::awaitable<std::pair<errc, std::string>> failure_of(F op) {
+  try {
+    co_await op();
+  } catch (const dcomm::error& e) {
+    co_return std::pair{static_cast<errc>(e.code().value()), std::string(e.what())};
+  }
+  co_return std::pair{errc{}, std::string()};
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
 }
 
 }  // namespace dcomm::test

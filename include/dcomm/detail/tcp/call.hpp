@@ -43,6 +43,38 @@ inline int mod(int a, int n) {
   return ((a % n) + n) % n;
 }
 
+// The rule that makes a collective match across ranks. Every message of a
+// call carries its signature (op, dtype, count, reduce op, root, algorithm,
+// slices) and its key (group, sequence number, step); a receiver fails the
+// call with errc::mismatch when a message of the same group and sequence
+// number carries another signature, whatever its step (transport.hpp), and
+// tells the group. That catches every mismatch before any rank completes,
+// provided each rank's completion depends on a message chain from every
+// other rank, each link of which was checked: true of all_reduce,
+// all_gather, reduce_scatter, all_to_all, the _v forms and barrier (every
+// rank's result needs every rank's input), not of the rooted operations
+// (a broadcast root only sends; a gather's non-roots only send). Those add
+// a confirmation: a dissemination of empty messages (round k: to rank +
+// 2^k, from rank - 2^k, on steps of their own), each sent after the
+// previous round's arrived, so that log2(n) rounds later every rank has
+// heard, through checked messages, from every other. It runs alongside the
+// algorithm and costs nothing in a world of one.
+inline bool needs_confirmation(coll_op op) {
+  switch (op) {
+    case coll_op::broadcast:
+    case coll_op::reduce:
+    case coll_op::scatter:
+    case coll_op::gather:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Steps at and above this one are the confirmation's (an algorithm's, and
+// a slice's step base, stay below: at most 255 slices of 2^24 steps).
+inline constexpr std::uint32_t confirmation_step = 0xff000000u;
+
 class call {
  public:
   call(transport& t, const op_context& ctx, bool collective, call_signature sig,
@@ -58,6 +90,10 @@ class call {
     key_.group = group_.id;
     key_.seq = ctx.seq;
     if (collective) op_.members = group_.ranks;
+    if (collective && needs_confirmation(sig.op) && group_.size() > 1) {
+      rounds_left_ = 0;
+      for (int distance = 1; distance < group_.size(); distance <<= 1) ++rounds_left_;
+    }
     t_.add_op(op_);
   }
   call(const call&) = delete;
@@ -117,28 +153,38 @@ class call {
   // frames (pipelines test this per chunk).
   static bool done(const io_item& it) { return it.state == item_state::done; }
 
-  // Not coroutines themselves: one coroutine frame less per wait.
+  // Not coroutines themselves: one coroutine frame less per wait. Each
+  // wake-up also moves the confirmation on.
   task<void> wait(io_item& it) {
-    return t_.wait(op_, [&it] { return it.state == item_state::done; });
+    return t_.wait(op_, [this, &it] {
+      confirm();
+      return it.state == item_state::done;
+    });
   }
   template <class Pred>
   task<void> wait_until(Pred pred) {
-    return t_.wait(op_, std::move(pred));
+    return t_.wait(op_, [this, pred = std::move(pred)] {
+      confirm();
+      return pred();
+    });
   }
   task<void> wait_all() {
     return t_.wait(op_, [this] {
-      return std::all_of(op_.items.begin(), op_.items.end(),
+      confirm();
+      return rounds_left_ == 0 &&
+             std::all_of(op_.items.begin(), op_.items.end(),
                          [](const io_item& i) { return i.state == item_state::done; });
     });
   }
 
-  // Runs an algorithm to the end: every message done, or everything taken
-  // back before the failure is rethrown.
+  // Runs an algorithm to the end: every message done (the confirmation's
+  // included), or everything taken back before the failure is rethrown.
   template <class Body>
   task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
     std::exception_ptr failure;
     try {
+      confirm();
       co_await body();
       co_await wait_all();
     } catch (...) {
@@ -155,6 +201,34 @@ class call {
  private:
   int global(int group_peer) const { return group_.ranks[static_cast<std::size_t>(group_peer)]; }
 
+  // Posts the confirmation's next round once the previous one has arrived
+  // (see needs_confirmation).
+  void confirm() {
+    while (rounds_left_ > 0 && !op_.failure) {
+      if (confirm_recv_) {
+        if (confirm_recv_->state != item_state::done) return;
+        confirm_distance_ <<= 1;
+        if (--rounds_left_ == 0) return;
+      }
+      const int n = size(), r = rank();
+      const std::uint32_t step = confirmation_step + static_cast<std::uint32_t>(round_++);
+      io_item& out = t_.new_item(op_);
+      out.peer = global(mod(r + confirm_distance_, n));
+      out.key = key_;
+      out.key.step = step;
+      out.sig = op_.sig;
+      out.is_send = true;
+      t_.post_send(out);
+      io_item& in = t_.new_item(op_);
+      in.peer = global(mod(r - confirm_distance_, n));
+      in.key = key_;
+      in.key.step = step;
+      in.sig = op_.sig;
+      confirm_recv_ = &in;
+      t_.post_recv(in);
+    }
+  }
+
   io_item& make(int group_peer, std::uint32_t step, std::size_t bytes) {
     io_item& it = t_.new_item(op_);
     it.peer = global(group_peer);
@@ -170,6 +244,12 @@ class call {
   op_state op_;
   match_key key_{};
   std::uint32_t step_base_ = 0;
+  // The confirmation: rounds still to complete, and the current round's
+  // receive and distance.
+  int rounds_left_ = 0;
+  int round_ = 0;
+  int confirm_distance_ = 1;
+  io_item* confirm_recv_ = nullptr;
 };
 
 inline char* bytes_at(void* p, std::size_t offset) {

@@ -12,6 +12,13 @@
 //   fail   "your call did not match mine", or "this collective failed
 //          here": the peer fails its call too (and passes a collective's
 //          failure on to the rest of the group)
+//   probe  sent by a rank whose collective reached its deadline: "where are
+//          you in this call?"; answered at once by probe_reply (entered it,
+//          done with it, or not yet there). A peer that does not answer is
+//          stopped or hung: the timeout names it, not the ranks in between.
+//   bye    the last frame before an orderly close, naming the failure that
+//          made this rank leave (if any), so that its peers blame the first
+//          cause and not the rank that left because of it
 // Messages are matched per link by (collective?, group, tag or sequence
 // number, step), first in first out, so two messages with the same key
 // arrive in the order they were sent. Large messages wait for a posted
@@ -39,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcomm/backend.hpp"
 #include "dcomm/completion.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
@@ -89,26 +97,53 @@ struct call_signature {
   // A CUDA tensor staged slice by slice runs the algorithm once per slice:
   // ranks must agree (0: the whole buffer at once).
   std::uint32_t slices = 0;
-  std::uint32_t reserved = 0;
+  // The algorithm asked for (op_options::algorithm, else DCOMM_ALGO's;
+  // automatic: chosen by size, the same on every rank that agrees on the rest).
+  dcomm::algorithm algo = dcomm::algorithm::automatic;
+  std::uint8_t reserved[3] = {};
 
   friend bool operator==(const call_signature&, const call_signature&) = default;
 };
 
 inline std::string describe(const call_signature& s) {
   std::string d = name(s.op);
-  if (s.op == coll_op::p2p || s.op == coll_op::barrier) return d;
+  if (s.op == coll_op::p2p) return d;
+  if (s.op == coll_op::barrier)
+    return s.algo == dcomm::algorithm::automatic ? d
+                                                 : d + "(" + std::string(dcomm::name(s.algo)) + ")";
   d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
   if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
   if (s.root >= 0) d += ", root " + std::to_string(s.root);
+  if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
   d += ")";
   if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
   return d;
 }
 
-enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail };
+enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
 
-// Why a fail frame was sent (its cookie); cookie2 names the lost rank.
-enum class fail_reason : std::uint64_t { mismatch = 1, peer_lost, timeout, other };
+// Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
+// blame, plus one (0: none known).
+enum class fail_reason : std::uint64_t { none = 0, mismatch, peer_lost, timeout, other };
+
+inline const char* describe(fail_reason r) {
+  switch (r) {
+    case fail_reason::mismatch:
+      return "a mismatched call";
+    case fail_reason::peer_lost:
+      return "a lost peer";
+    case fail_reason::timeout:
+      return "a timeout";
+    case fail_reason::other:
+      return "a failed call";
+    case fail_reason::none:
+      break;
+  }
+  return "no failure";
+}
+
+// Where a rank is in a collective, as a probe_reply says (its cookie).
+enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
 
 inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
 
@@ -267,12 +302,38 @@ struct op_state {
   // The rank whose failure a peer's fail frame reported (-1: this rank's
   // own). Passed on with the failure, so that the others name it too.
   int origin = -1;
+  // A timed-out collective: the rank it blames (did not answer the probe,
+  // or had not entered the call), passed on in its fail frames.
+  int culprit = -1;
   bool notified = false;
+  // Set once the deadline passed and the group was probed (allocated then
+  // only): each member's answer, by group rank.
+  struct probe_answers {
+    std::vector<call_progress> answers;  // {} : no answer yet
+    int awaited = 0;
+  };
+  std::unique_ptr<probe_answers> probe;
   // The transport's list of operations in progress.
   op_state* prev_op = nullptr;
   op_state* next_op = nullptr;
 
   void wake() { timer.cancel(); }
+};
+
+// How a collective failed, as a peer reported it (or as this rank found
+// a mismatch): what its op here fails with, and what is passed on.
+struct failed_call {
+  errc code = errc::aborted;
+  std::string peers{};
+  std::string detail{};
+  int origin = -1;   // the rank that found it
+  int lost = -1;     // peer_lost: the rank lost
+  int culprit = -1;  // timeout: the rank stuck; mismatch: the other side
+  // A mismatch: the calls of the two ranks that disagree (the one that
+  // found it, and the other), sent on with the fail frames (from here:
+  // a map's values do not move).
+  call_signature ours{};
+  call_signature theirs{};
 };
 
 struct transport_options {
@@ -337,11 +398,18 @@ class transport : public std::enable_shared_from_this<transport> {
     // have no part to play with this rank. Posting to it fails (post_recv,
     // post_send), and the ranks that fail tell the rest with fail frames.
     if (op.collective) {
+      auto& entered = entered_[op.group];
+      entered = std::max(entered, op.seq + 1);
       auto it = failed_calls_.find(call_id{op.group, op.seq});
-      if (it != failed_calls_.end()) {
-        op.origin = it->second.origin;
-        if (it->second.lost >= 0) op.lost_rank = it->second.lost;
-        fail_op(op, it->second.error);
+      if (it != failed_calls_.end()) return fail_reported(op, it->second);
+      // A message of this call that came early, from a rank that made a
+      // different call: whatever its step, the calls do not match.
+      for (int p : op.members) {
+        if (p == rank_) continue;
+        for (const unexpected_msg* m : links_[static_cast<std::size_t>(p)]->unexpected)
+          if (m->header.collective && m->header.group == op.group && m->header.seq == op.seq &&
+              !(m->header.sig == op.sig))
+            return mismatched_call(op, p, m->header.sig);
       }
     }
   }
@@ -365,7 +433,7 @@ class transport : public std::enable_shared_from_this<transport> {
       io_item* next = it->next_in_op;
       // Only if the op's coroutine was destroyed mid-flight (its executor
       // went away): take the item back from the link before reusing it.
-      if (!it->finished() || it->in_flight) cancel_item(*it);
+      if (!it->finished() || it->in_flight) cancel_item(*it, false);
       *it = io_item{};
       items_.give_back(it);
       it = next;
@@ -438,13 +506,22 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Waits until pred() holds; on failure or at the deadline, cancels the
   // op's items, waits until no I/O touches its buffers, and throws.
+  // A collective that reaches its deadline first probes its group (see
+  // probe_group) and fails once every member answered or `probe_grace`
+  // passed, naming the ranks that did not answer or had not entered it.
   template <class Pred>
   task<void> wait(op_state& op, Pred pred) {
     for (;;) {
       if (op.failure) break;
       if (pred()) co_return;
+      if (op.probe && op.probe->awaited == 0) {
+        fail_op(op, timeout_error(op));
+        break;
+      }
       auto [ec] = co_await op.timer.async_wait(use_task);
-      if (!ec && !op.failure && !pred()) fail_op(op, timeout_error(op));
+      if (ec || op.failure || pred()) continue;
+      if (!op.probe && probe_group(op)) continue;
+      fail_op(op, timeout_error(op));
     }
     co_await abandon(op);
   }
@@ -455,11 +532,26 @@ class transport : public std::enable_shared_from_this<transport> {
     if (!op.failure)
       op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
     if (op.collective && !op.notified) notify_group(op);
-    for (auto& it : op.items) cancel_item(it);
+    for (auto& it : op.items) cancel_item(it, true);
+    // A message in progress finishes on its own (the link stays usable);
+    // one that does not within io_grace (a stopped peer, a full socket)
+    // is stopped by closing its link.
+    auto in_flight = [&op] {
+      return std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; });
+    };
+    op.timer.expires_after(io_grace);
+    while (in_flight()) {
+      auto [ec] = co_await op.timer.async_wait(use_task);
+      if (!ec) break;
+    }
+    for (auto& it : op.items)
+      if (it.in_flight && !links_[static_cast<std::size_t>(it.peer)]->lost)
+        lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
+                               "'s call failed: a message in progress did not end in time");
     // Closing a link completes its socket operations promptly; the bound
     // only guards against a bug turning into a hang.
     op.timer.expires_after(std::chrono::seconds(10));
-    while (std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; })) {
+    while (in_flight()) {
       auto [ec] = co_await op.timer.async_wait(use_task);
       if (!ec) {
         log(log_level::error, "tcp transport: socket operations still pending 10 s after closing");
@@ -469,24 +561,55 @@ class transport : public std::enable_shared_from_this<transport> {
     std::rethrow_exception(op.failure);
   }
 
-  // Fails every pending and future operation; closes every link.
+  static constexpr auto io_grace = std::chrono::seconds(1);
+
+  // Fails every pending and future operation; closes every link (after a
+  // goodbye, if it can go out at once).
   void abort() {
     if (aborted_) return;
+    const bool was_closed = closed_;
     aborted_ = true;
+    if (!was_closed) say_goodbye();
     for (auto& l : links_) close_link(*l);
     // fail_op only marks and wakes: the list does not change under us.
     for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::aborted, *op, {}, "the communicator was aborted"));
   }
 
-  // The communicator was destroyed: say goodbye (orderly close) and fail
-  // what is still pending.
+  // The communicator was destroyed: fail what is still pending, and close
+  // every link in order: what is queued (the fail frames of a call that
+  // just failed among it) goes out first, then a goodbye naming the first
+  // failure this rank saw. A link still busy after `close_grace` is cut.
   void close() {
     if (closed_ || aborted_) return;
     closed_ = true;
-    for (auto& l : links_) close_link(*l);
     for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::closed, *op, {}, "the communicator was destroyed"));
+    say_goodbye();
+    bool busy = false;
+    for (auto& l : links_) {
+      if (l->batch == 0)
+        close_link(*l);
+      else
+        busy = true;  // on_written closes it
+    }
+    if (!busy) return;
+    close_timer_.expires_after(close_grace);
+    close_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+      if (ec) return;  // every link closed in order
+      for (auto& l : self->links_) self->close_link(*l);
+    });
+  }
+
+  static constexpr auto close_grace = std::chrono::seconds(2);
+
+  // Where this rank is in call `seq` of `group` (a probe's answer).
+  call_progress progress_of(std::uint64_t group, std::uint64_t seq) const {
+    for (const op_state* op = ops_; op; op = op->next_op)
+      if (op->collective && op->group == group && op->seq == seq) return call_progress::in_call;
+    auto it = entered_.find(group);
+    return it != entered_.end() && seq < it->second ? call_progress::finished
+                                                    : call_progress::not_entered;
   }
 
   // Errors that name the op, its group and sequence number.
@@ -535,6 +658,11 @@ class transport : public std::enable_shared_from_this<transport> {
     std::string address;
     bool lost = false;
     std::string why;
+    // The peer's goodbye: it left in order, after `bye_reason` caused by
+    // rank `bye_culprit` (-1: none; it simply finished).
+    bool said_bye = false;
+    fail_reason bye_reason = fail_reason::none;
+    int bye_culprit = -1;
     // Receiving. Lists in arrival or posting order, searched from the
     // front: a message matches the oldest receive with its key, and the
     // match is nearly always at the front (MPI's queues work the same way).
@@ -573,22 +701,177 @@ class transport : public std::enable_shared_from_this<transport> {
     return h;
   }
 
-  std::exception_ptr lost_error(op_state& op, int peer) const {
-    if (op.lost_rank < 0) op.lost_rank = peer;
+  // The connection to `peer` is gone. If the peer said goodbye naming the
+  // failure that made it leave, the first cause is blamed, not the peer.
+  std::exception_ptr lost_error(op_state& op, int peer) {
     const link& l = *links_[static_cast<std::size_t>(peer)];
-    return make_error(errc::peer_lost, op, "rank " + std::to_string(peer),
-                      l.why.empty() ? std::string("the connection is closed") : l.why, l.address);
+    int culprit = peer;
+    std::string detail = l.why.empty() ? std::string("the connection is closed") : l.why;
+    if (l.said_bye && l.bye_culprit >= 0 && l.bye_culprit != peer && l.bye_culprit < world_) {
+      culprit = l.bye_culprit;
+      detail = "rank " + std::to_string(peer) + " left after " + describe(l.bye_reason) +
+               (l.bye_culprit == rank_ ? std::string(" it blamed on this rank")
+                                       : " caused by rank " + std::to_string(culprit)) +
+               " (the first cause)";
+    }
+    if (op.lost_rank < 0) op.lost_rank = culprit;
+    note_cause(fail_reason::peer_lost, culprit);
+    return make_error(errc::peer_lost, op, "rank " + std::to_string(culprit), detail,
+                      links_[static_cast<std::size_t>(culprit)]->address);
   }
 
-  std::exception_ptr timeout_error(const op_state& op) const {
+  // At the deadline. After a probe (collectives), the ranks that did not
+  // answer or had not entered the call are to blame; else the peers whose
+  // messages this rank was still waiting for.
+  std::exception_ptr timeout_error(op_state& op) {
+    if (op.probe) {
+      std::vector<int> silent, absent, waiting_too, finished;
+      for (std::size_t i = 0; i < op.members.size(); ++i) {
+        const int p = op.members[i];
+        if (p == rank_ || peer_lost(p)) continue;
+        switch (op.probe->answers[i]) {
+          case call_progress::not_entered:
+            absent.push_back(p);
+            break;
+          case call_progress::in_call:
+            waiting_too.push_back(p);
+            break;
+          case call_progress::finished:
+            finished.push_back(p);
+            break;
+          default:
+            silent.push_back(p);
+        }
+      }
+      if (!silent.empty() || !absent.empty()) {
+        std::vector<int> blamed = silent;
+        blamed.insert(blamed.end(), absent.begin(), absent.end());
+        op.culprit = blamed.front();
+        std::sort(blamed.begin(), blamed.end());
+        std::string detail = "the deadline passed";
+        const char* separator = ": ";
+        auto clause = [&](const std::vector<int>& ranks, const char* what) {
+          if (ranks.empty()) return;
+          detail += separator + rank_list(ranks) + what;
+          separator = "; ";
+        };
+        clause(silent, " did not answer a probe (stopped, hung, or blocking its thread?)");
+        clause(absent, " had not entered this call (still in an earlier one?)");
+        clause(waiting_too, " waited in it too");
+        clause(finished, " had finished it");
+        note_cause(fail_reason::timeout, op.culprit);
+        return make_error(errc::timeout, op,
+                          blamed.size() == 1 ? "rank " + std::to_string(blamed.front())
+                                             : "ranks " + format_ranks(blamed),
+                          detail);
+      }
+    }
     std::vector<int> waiting;
     for (const auto& it : op.items)
       if (!it.finished()) waiting.push_back(it.peer);
     std::sort(waiting.begin(), waiting.end());
     waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
+    if (waiting.size() == 1) op.culprit = waiting.front();
+    note_cause(fail_reason::timeout, op.culprit);
     return make_error(errc::timeout, op, waiting.empty() ? "" : "ranks " + format_ranks(waiting),
                       waiting.empty() ? "the deadline passed"
                                       : "the deadline passed without hearing from these peers");
+  }
+
+  static std::string rank_list(const std::vector<int>& ranks) {
+    return ranks.size() == 1 ? "rank " + std::to_string(ranks.front())
+                             : "ranks " + format_ranks(ranks);
+  }
+
+  void note_cause(fail_reason reason, int culprit) {
+    if (first_reason_ != fail_reason::none || reason == fail_reason::none) return;
+    first_reason_ = reason;
+    first_culprit_ = culprit;
+  }
+
+  // Asks every live member of a collective that reached its deadline where
+  // it is in the call; the answers (or their absence) name the culprit.
+  // False if there is nobody to ask.
+  bool probe_group(op_state& op) {
+    if (!op.collective || stopped()) return false;
+    op.probe = std::make_unique<op_state::probe_answers>();
+    op.probe->answers.assign(op.members.size(), call_progress{});
+    wire_header h;
+    h.kind = msg_kind::probe;
+    h.collective = 1;
+    h.sig = op.sig;
+    h.group = op.group;
+    h.seq = op.seq;
+    for (int p : op.members) {
+      if (p == rank_ || peer_lost(p)) continue;
+      links_[static_cast<std::size_t>(p)]->frames.push_back({h, nullptr, 0, nullptr});
+      start_write(p);
+      ++op.probe->awaited;
+    }
+    if (op.probe->awaited == 0) return false;
+    op.timer.expires_after(probe_grace);
+    return true;
+  }
+
+  // How long a probed rank has to answer: far more than a round trip, even
+  // across hosts; a rank that cannot answer in that time is stuck.
+  static constexpr auto probe_grace = std::chrono::milliseconds(250);
+
+  void on_probe_reply(int peer, const wire_header& h) {
+    for (op_state* op = ops_; op; op = op->next_op) {
+      if (!op->collective || op->group != h.group || op->seq != h.seq || !op->probe) continue;
+      for (std::size_t i = 0; i < op->members.size(); ++i)
+        if (op->members[i] == peer && op->probe->answers[i] == call_progress{}) {
+          op->probe->answers[i] = static_cast<call_progress>(h.cookie);
+          if (--op->probe->awaited == 0) op->wake();
+        }
+    }
+  }
+
+  // The last frame on every live link before an orderly close.
+  void say_goodbye() {
+    wire_header b;
+    b.kind = msg_kind::bye;
+    b.cookie = static_cast<std::uint64_t>(first_reason_);
+    b.cookie2 = static_cast<std::uint64_t>(first_culprit_ + 1);
+    for (int p = 0; p < world_; ++p) {
+      link& l = *links_[static_cast<std::size_t>(p)];
+      if (p == rank_ || l.lost || !l.socket.is_open()) continue;
+      l.frames.push_back({b, nullptr, 0, nullptr});
+      start_write(p);
+    }
+  }
+
+  // The collective in progress here with this group and sequence number.
+  op_state* active_call(std::uint64_t group, std::uint64_t seq) {
+    for (op_state* op = ops_; op; op = op->next_op)
+      if (op->collective && op->group == group && op->seq == seq) return op;
+    return nullptr;
+  }
+
+  // For notify_group: both calls of a mismatch found here.
+  void remember_mismatch(std::uint64_t group, std::uint64_t seq, int peer,
+                         const call_signature& ours, const call_signature& theirs) {
+    failed_call f;
+    f.code = errc::mismatch;
+    f.origin = rank_;
+    f.culprit = peer;
+    f.ours = ours;
+    f.theirs = theirs;
+    failed_calls_.try_emplace(call_id{group, seq}, std::move(f));
+  }
+
+  // Rank `peer` made a different collective call than `op`.
+  void mismatched_call(op_state& op, int peer, const call_signature& theirs) {
+    if (op.failure) return;
+    note_cause(fail_reason::mismatch, peer);
+    op.culprit = peer;
+    auto e =
+        make_error(errc::mismatch, op, "rank " + std::to_string(peer),
+                   "ranks called different collectives: rank " + std::to_string(peer) + " called " +
+                       describe(theirs) + ", this rank called " + describe(op.sig));
+    remember_mismatch(op.group, op.seq, peer, op.sig, theirs);
+    fail_op(op, std::move(e));
   }
 
   void fail_item(io_item& it, std::exception_ptr e) {
@@ -614,9 +897,12 @@ class transport : public std::enable_shared_from_this<transport> {
                std::to_string(h.bytes) + " bytes, this rank expects " + std::to_string(it.bytes) +
                " bytes (a receive never truncates)";
     auto e = make_error(errc::mismatch, *it.op, "rank " + std::to_string(it.peer), detail);
+    note_cause(fail_reason::mismatch, it.peer);
+    it.op->culprit = it.peer;
     fail_item(it, e);
     if (h.collective) {
-      failed_calls_[call_id{h.group, h.seq}] = {e, -1, -1};  // abandon() tells the whole group
+      // abandon() tells the group, naming both calls
+      remember_mismatch(h.group, h.seq, it.peer, it.sig, h.sig);
     } else {
       // Tell the sender, so its send fails now rather than at its deadline.
       wire_header f = h;
@@ -655,48 +941,81 @@ class transport : public std::enable_shared_from_this<transport> {
     f.group = op.group;
     f.seq = op.seq;
     f.cookie = static_cast<std::uint64_t>(reason);
-    f.cookie2 = static_cast<std::uint64_t>(op.lost_rank + 1);
+    f.cookie2 = static_cast<std::uint64_t>(
+        (reason == fail_reason::peer_lost ? op.lost_rank : op.culprit) + 1);
     f.step = static_cast<std::uint32_t>((op.origin >= 0 ? op.origin : rank_) + 1);
+    // A mismatch: the other call goes along (found here or reported), so
+    // that every rank can name both calls.
+    const void* payload = nullptr;
+    if (reason == fail_reason::mismatch) {
+      auto found = failed_calls_.find(call_id{op.group, op.seq});
+      if (found != failed_calls_.end() && found->second.theirs.op != coll_op::p2p) {
+        f.sig = found->second.ours;
+        payload = &found->second.theirs;
+        f.bytes = sizeof(call_signature);
+      }
+    }
     for (int p : op.members) {
       if (p == rank_ || peer_lost(p)) continue;
-      links_[static_cast<std::size_t>(p)]->frames.push_back({f, nullptr, 0, nullptr});
+      links_[static_cast<std::size_t>(p)]->frames.push_back({f, payload, f.bytes, nullptr});
       start_write(p);
     }
   }
 
-  void on_fail_frame(int peer, const wire_header& h) {
+  // `theirs`: a collective mismatch's other call (the culprit's), if sent.
+  void on_fail_frame(int peer, const wire_header& h, const call_signature* theirs) {
     const auto reason = static_cast<fail_reason>(h.cookie);
-    // A collective's: cookie2 names the lost rank (peer_lost), step the
+    // A collective's: cookie2 names the rank to blame (the lost one, the
+    // one a timeout found stuck, the other side of a mismatch), step the
     // rank whose failure it reports (each plus one).
-    const int lost = reason == fail_reason::peer_lost ? static_cast<int>(h.cookie2) - 1 : -1;
-    const int origin = h.collective && h.step ? static_cast<int>(h.step) - 1 : peer;
+    const int blamed = h.cookie2 && h.cookie2 <= static_cast<std::uint64_t>(world_)
+                           ? static_cast<int>(h.cookie2) - 1
+                           : -1;
+    failed_call f;
+    f.origin = h.collective && h.step && h.step <= static_cast<std::uint32_t>(world_)
+                   ? static_cast<int>(h.step) - 1
+                   : peer;
+    f.lost = reason == fail_reason::peer_lost ? blamed : -1;
+    f.culprit = reason == fail_reason::peer_lost ? -1 : blamed;
+    f.ours = h.sig;
+    if (theirs) f.theirs = *theirs;
     const std::string reported =
-        origin == peer ? "" : " (as rank " + std::to_string(peer) + " reports)";
-    errc code = errc::aborted;
-    std::string detail;
-    std::string who = "rank " + std::to_string(origin);
+        f.origin == peer ? "" : " (as rank " + std::to_string(peer) + " reports)";
+    const std::string origin = "rank " + std::to_string(f.origin);
+    f.peers = origin;
     switch (reason) {
       case fail_reason::mismatch:
-        code = errc::mismatch;
-        detail = h.collective
-                     ? "ranks called different collectives: rank " + std::to_string(peer) +
-                           " called " + describe(h.sig) + " and found a call that does not match"
-                     : "rank " + std::to_string(peer) + " expected " + std::to_string(h.bytes) +
-                           " bytes for this message (a receive never truncates)";
+        f.code = errc::mismatch;
+        if (!h.collective)
+          f.detail = "rank " + std::to_string(peer) + " expected " + std::to_string(h.bytes) +
+                     " bytes for this message (a receive never truncates)";
+        else if (theirs && blamed >= 0)
+          f.detail = "ranks called different collectives: rank " + std::to_string(blamed) +
+                     " called " + describe(*theirs) + ", " + origin + " called " + describe(h.sig) +
+                     reported;
+        else
+          f.detail = "ranks called different collectives: " + origin + " called " +
+                     describe(h.sig) + " and found a call that does not match" + reported;
         break;
       case fail_reason::peer_lost:
-        code = errc::peer_lost;
-        who = "rank " + std::to_string(lost);
-        detail = "rank " + std::to_string(origin) + " lost its connection to rank " +
-                 std::to_string(lost) + " during this call" + reported;
+        f.code = errc::peer_lost;
+        f.peers = "rank " + std::to_string(f.lost);
+        f.detail = origin + " lost its connection to rank " + std::to_string(f.lost) +
+                   " during this call" + reported;
         break;
       case fail_reason::timeout:
-        code = errc::timeout;
-        detail = "rank " + std::to_string(origin) +
-                 " reached its deadline in this call and gave up" + reported;
+        f.code = errc::timeout;
+        if (blamed >= 0) f.peers = "rank " + std::to_string(blamed);
+        f.detail = origin + " reached its deadline in this call" +
+                   (blamed >= 0 && blamed != f.origin
+                        ? ", stuck on rank " + std::to_string(blamed) +
+                              " (it did not answer, or had not entered the call)"
+                        : std::string(" and gave up")) +
+                   reported;
         break;
       default:
-        detail = "rank " + std::to_string(origin) + " gave up on this call" + reported;
+        f.code = errc::aborted;
+        f.detail = origin + " gave up on this call" + reported;
         break;
     }
     for (op_state* op = ops_; op; op = op->next_op) {
@@ -704,19 +1023,26 @@ class transport : public std::enable_shared_from_this<transport> {
                               : !op->collective && op->group == h.group && op->seq == h.seq &&
                                     std::any_of(op->items.begin(), op->items.end(),
                                                 [&](auto& i) { return i.peer == peer; });
-      if (!hit || op->failure) continue;
-      op->origin = origin;
-      if (lost >= 0) op->lost_rank = lost;
-      fail_op(*op, make_error(code, *op, who,
-                              code == errc::mismatch && h.collective
-                                  ? detail + "; this rank called " + describe(op->sig)
-                                  : detail));
+      if (hit && !op->failure) fail_reported(*op, f);
     }
-    if (h.collective)
-      failed_calls_[call_id{h.group, h.seq}] = {
-          std::make_exception_ptr(error(
-              code, {.operation = name(h.sig.op), .rank = rank_, .peers = who, .detail = detail})),
-          origin, lost};
+    note_cause(reason, f.lost >= 0 ? f.lost : f.culprit >= 0 ? f.culprit : f.origin);
+    // For the call's op on this rank, if it has not started yet.
+    if (h.collective) failed_calls_.try_emplace(call_id{h.group, h.seq}, std::move(f));
+  }
+
+  // Fails `op` with a failure a peer reported.
+  void fail_reported(op_state& op, const failed_call& f) {
+    op.origin = f.origin;
+    if (f.lost >= 0) op.lost_rank = f.lost;
+    op.culprit = f.culprit;
+    std::string peers = f.peers, detail = f.detail;
+    if (f.code == errc::mismatch && op.collective) {
+      // Between two other ranks: blame the side whose call is not ours.
+      if (f.theirs.op != coll_op::p2p && f.culprit >= 0 && op.sig == f.ours)
+        peers = "rank " + std::to_string(f.culprit);
+      detail += "; this rank called " + describe(op.sig);
+    }
+    fail_op(op, make_error(f.code, op, std::move(peers), std::move(detail)));
   }
 
   // The data frames of a staged send's ready bytes not handed out yet.
@@ -749,7 +1075,7 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Takes back an item of a failed op. I/O in progress on its buffer can
   // only be stopped by closing the link (the stream would be out of step).
-  void cancel_item(io_item& it) {
+  void cancel_item(io_item& it, bool let_io_finish) {
     if (it.finished() && !it.in_flight) return;
     link& l = *links_[static_cast<std::size_t>(it.peer)];
     switch (it.state) {
@@ -775,7 +1101,11 @@ class transport : public std::enable_shared_from_this<transport> {
       default:
         break;
     }
-    if (it.in_flight) {
+    // I/O in progress on the item's buffer: a send being written finishes
+    // on its own, a receive being read drops the rest of its payload
+    // (read_into); abandon waits for either (`let_io_finish`). Otherwise
+    // only closing the link stops it (the stream would be out of step).
+    if (it.in_flight && !let_io_finish) {
       if (!l.lost)
         lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
                                "'s call failed in the middle of a message");
@@ -887,6 +1217,11 @@ class transport : public std::enable_shared_from_this<transport> {
       return;
     }
     start_write(peer);
+    if (closed_ && l.batch == 0) {  // flushed after close(): now close it
+      close_link(l);
+      if (std::all_of(links_.begin(), links_.end(), [](auto& k) { return k->batch == 0; }))
+        close_timer_.cancel();
+    }
   }
 
   // Reading: one coroutine per peer parses frames out of a staging buffer;
@@ -940,9 +1275,16 @@ class transport : public std::enable_shared_from_this<transport> {
     } catch (const dcomm::error& e) {
       why = e.what();
     } catch (const std::system_error& e) {
-      why = e.code() == asio::error::eof ? "it closed the connection (exited or destroyed its "
-                                           "communicator)"
-                                         : "reading from it failed: " + e.code().message();
+      if (e.code() != asio::error::eof)
+        why = "reading from it failed: " + e.code().message();
+      else if (!l.said_bye)
+        why =
+            "it closed the connection without a goodbye (killed, crashed, or exited without "
+            "closing dcomm)";
+      else if (l.bye_reason == fail_reason::none)
+        why = "it closed the connection (finished: destroyed its communicator or exited)";
+      else
+        why = std::string("it left after ") + describe(l.bye_reason) + " in a call";
     } catch (const std::exception& e) {
       why = std::string("reading from it failed: ") + e.what();
     }
@@ -967,7 +1309,7 @@ class transport : public std::enable_shared_from_this<transport> {
       wire_header h;
       std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
       l.begin += sizeof h;
-      if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::fail)
+      if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::bye)
         throw_error(errc::protocol_error,
                     {.operation = "tcp transport",
                      .rank = rank_,
@@ -983,9 +1325,14 @@ class transport : public std::enable_shared_from_this<transport> {
             break;
           }
           if (it) {
-            if (!from_stage(l, static_cast<char*>(it->recv_buffer), h.bytes))
-              co_await read_into(l, *it, h.bytes);
+            if (!from_stage(l, static_cast<char*>(it->recv_buffer), h.bytes) &&
+                !co_await read_into(l, *it, h.bytes))
+              break;  // cancelled meanwhile
             complete(*it);
+            break;
+          }
+          if (h.collective && !keep_unexpected(peer, h)) {
+            if (!from_stage(l, nullptr, h.bytes)) co_await read_payload(l, nullptr, h.bytes);
             break;
           }
           unexpected_msg* msg = unexpected_.take();
@@ -1008,7 +1355,7 @@ class transport : public std::enable_shared_from_this<transport> {
           io_item* it = take_posted(l, key);
           if (it) {
             if (check_match(*it, h)) start_data(l, *it, h);
-          } else {
+          } else if (!h.collective || keep_unexpected(peer, h)) {
             unexpected_msg* msg = unexpected_.take();
             msg->header = h;
             l.unexpected.push_back(msg);
@@ -1049,8 +1396,8 @@ class transport : public std::enable_shared_from_this<transport> {
           char* dst = static_cast<char*>(it->recv_buffer) + it->arrived;
           if (from_stage(l, dst, h.bytes))
             it->arrived += h.bytes;
-          else
-            co_await read_into(l, *it, h.bytes);
+          else if (!co_await read_into(l, *it, h.bytes))
+            break;  // cancelled meanwhile
           if (it->arrived == it->bytes) {
             std::erase(l.awaiting_data, it);
             complete(*it);
@@ -1059,11 +1406,55 @@ class transport : public std::enable_shared_from_this<transport> {
           }
           break;
         }
-        case msg_kind::fail:
-          on_fail_frame(peer, h);
+        case msg_kind::fail: {
+          // A collective's may carry the other call of a mismatch.
+          call_signature theirs{};
+          const bool carries = h.collective && h.bytes == sizeof theirs;
+          const std::size_t payload = h.collective ? h.bytes : 0;
+          if (!from_stage(l, carries ? &theirs : nullptr, payload))
+            co_await read_payload(l, carries ? reinterpret_cast<char*>(&theirs) : nullptr, payload);
+          on_fail_frame(peer, h, carries ? &theirs : nullptr);
+          break;
+        }
+        case msg_kind::probe: {
+          wire_header reply = h;
+          reply.kind = msg_kind::probe_reply;
+          reply.cookie = static_cast<std::uint64_t>(progress_of(h.group, h.seq));
+          l.frames.push_back({reply, nullptr, 0, nullptr});
+          start_write(peer);
+          break;
+        }
+        case msg_kind::probe_reply:
+          on_probe_reply(peer, h);
+          break;
+        case msg_kind::bye:
+          l.said_bye = true;
+          l.bye_reason = h.cookie <= static_cast<std::uint64_t>(fail_reason::other)
+                             ? static_cast<fail_reason>(h.cookie)
+                             : fail_reason::other;
+          l.bye_culprit = h.cookie2 && h.cookie2 <= static_cast<std::uint64_t>(world_)
+                              ? static_cast<int>(h.cookie2) - 1
+                              : -1;
           break;
       }
     }
+  }
+
+  // A collective message no receive was posted for: kept for its receive,
+  // unless its call failed here already (then nobody will want it), or
+  // this rank is in that call and made a different one (a mismatch,
+  // whatever the message's step: algorithms of different calls need not
+  // use the same steps).
+  bool keep_unexpected(int peer, const wire_header& h) {
+    if (failed_calls_.contains(call_id{h.group, h.seq})) return false;
+    op_state* op = active_call(h.group, h.seq);
+    if (!op) return true;
+    if (op->failure) return false;
+    if (!(h.sig == op->sig)) {
+      mismatched_call(*op, peer, h.sig);
+      return false;
+    }
+    return true;
   }
 
   // Takes n payload bytes from the stage if it holds them all (dst ==
@@ -1075,21 +1466,34 @@ class transport : public std::enable_shared_from_this<transport> {
     return true;
   }
 
-  // Reads `bytes` of payload to the receive's buffer at it.arrived; with
-  // it.progress, in steps of that size, waking the op after each.
-  task<void> read_into(link& l, io_item& it, std::size_t bytes) {
+  // Reads `bytes` of payload to the receive's buffer at it.arrived, in
+  // pieces (with it.progress, of that size, waking the op after each). A
+  // receive cancelled meanwhile (its call failed) has the rest read and
+  // dropped, so the link stays in step; false then: `it` is no longer ours.
+  task<bool> read_into(link& l, io_item& it, std::size_t bytes) {
     it.in_flight = true;
     l.reading = &it;
     while (bytes) {
-      const std::size_t step = it.progress ? std::min(bytes, it.progress) : bytes;
+      if (it.state == item_state::failed) {
+        l.reading = nullptr;
+        it.in_flight = false;
+        it.op->wake();
+        co_await read_payload(l, nullptr, bytes);
+        co_return false;
+      }
+      const std::size_t step = std::min(bytes, it.progress ? it.progress : read_piece);
       co_await read_payload(l, static_cast<char*>(it.recv_buffer) + it.arrived, step);
       it.arrived += step;
       bytes -= step;
-      if (bytes) it.op->wake();
+      if (bytes && it.progress) it.op->wake();
     }
     l.reading = nullptr;
     it.in_flight = false;
+    co_return true;
   }
+  // How much a payload read may take at once before it checks whether its
+  // receive was cancelled.
+  static constexpr std::size_t read_piece = std::size_t{1} << 20;
 
   io_item* take_posted(link& l, const match_key& key) {
     auto p =
@@ -1112,12 +1516,13 @@ class transport : public std::enable_shared_from_this<transport> {
   vector_pool<io_item*> item_slots_;
   // Collectives that failed before this rank started them (or were
   // refused here): the error their op gets in add_op, and whom it names.
-  struct failed_call {
-    std::exception_ptr error;
-    int origin = -1;
-    int lost = -1;
-  };
   std::unordered_map<call_id, failed_call, call_id_hash> failed_calls_;
+  // Per group, how many of its collectives this rank has entered (probes).
+  std::unordered_map<std::uint64_t, std::uint64_t> entered_;
+  // The first failure this rank saw and whom it blamed: said in goodbyes.
+  fail_reason first_reason_ = fail_reason::none;
+  int first_culprit_ = -1;
+  asio::steady_timer close_timer_{ex_};
   std::uint64_t next_id_ = 0;
   bool aborted_ = false;
   bool closed_ = false;
