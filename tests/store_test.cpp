@@ -32,7 +32,7 @@ std::string expect_error(errc code, F&& fn) {
   try {
     fn();
   } catch (const dcomm::error& e) {
-    CHECK_MESSAGE(e.code() == code, e.what());
+    CHECK_MESSAGE(e.code() == code, std::string(e.what()));
     return e.what();
   }
   FAIL("expected a dcomm::error: " << dcomm::make_error_code(code).message());
@@ -513,6 +513,80 @@ TEST_SUITE("tcp_store") {
     }
     dcomm::sync_wait(ctx, good->set("after", "2"));
     CHECK(dcomm::sync_wait(ctx, good->get("before")) == "1");
+  }
+
+  TEST_CASE("what a user sees is a dcomm::error with context") {
+    DCOMM_TEST_DEADLINE(60s);
+    using asio::ip::tcp;
+    asio::io_context ctx;
+
+    SUBCASE("a server that drops the connection during the handshake") {
+      asio::io_context server_ctx;
+      tcp::acceptor acceptor(server_ctx, {asio::ip::make_address("127.0.0.1"), 0});
+      std::jthread fake([&] {
+        auto sock = acceptor.accept();
+        std::array<char, 4> hello{};
+        asio::read(sock, asio::buffer(hello));
+      });
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = acceptor.local_endpoint().port(), .timeout = 10s});
+      // Not the std::system_error the socket reports.
+      auto what = expect_error(errc::peer_lost, [&] { dcomm::sync_wait(ctx, s->connect()); });
+      CHECK(contains(what, "handshake"));
+      CHECK(contains(what, s->address()));
+    }
+
+    SUBCASE("a reply that does not decode") {
+      asio::io_context server_ctx;
+      tcp::acceptor acceptor(server_ctx, {asio::ip::make_address("127.0.0.1"), 0});
+      std::jthread fake([&] {
+        auto sock = acceptor.accept();
+        dcomm::test::accept_handshake(server_ctx, sock);
+        auto request = dcomm::test::read_frame(sock);
+        dcomm::detail::wire_writer reply;  // ok, but no value
+        reply.raw(request.substr(0, 8)).u8(0);
+        asio::write(sock, asio::buffer(dcomm::test::frame(reply.bytes())));
+        dcomm::test::closed_within(sock, 15s);
+      });
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = acceptor.local_endpoint().port(), .timeout = 10s});
+      auto what =
+          expect_error(errc::protocol_error, [&] { dcomm::sync_wait(ctx, s->get("k", 10s)); });
+      CHECK(contains(what, "bad reply"));
+      CHECK(contains(what, "key 'k'"));
+      CHECK(contains(what, s->address()));
+      s.reset();  // closes the connection: the fake server returns
+    }
+
+    SUBCASE("a request over max_frame_bytes is refused before it is sent") {
+      dcomm::detail::io_thread server_thread;
+      auto server = dcomm::tcp_store_server::start(
+          server_thread.get_executor(), {.bind_host = "127.0.0.1", .max_frame_bytes = 1 << 20});
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = server->port(), .max_frame_bytes = 1 << 20});
+      auto what = expect_error(errc::invalid_argument, [&] {
+        dcomm::sync_wait(ctx, s->set("huge", std::string(2 << 20, 'h')));
+      });
+      CHECK(contains(what, "max_frame_bytes"));
+      CHECK(contains(what, "key 'huge'"));
+      // The connection was not given up for it.
+      dcomm::sync_wait(ctx, s->set("small", "fine"));
+      CHECK(dcomm::sync_wait(ctx, s->get("small")) == "fine");
+    }
+
+    SUBCASE("a listen_fd that does not listen") {
+      asio::io_context other;  // registered with ctx, the fd could not be adopted at all
+      tcp::acceptor bound(other);
+      bound.open(tcp::v4());
+      bound.bind({asio::ip::make_address("127.0.0.1"), 0});
+      auto what = expect_error(errc::invalid_argument, [&] {
+        dcomm::tcp_store_server::start(ctx.get_executor(), {.listen_fd = bound.native_handle()});
+      });
+      CHECK(contains(what, "not a listening TCP socket"));
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -163,7 +164,10 @@ class tcp_store_server {
                                                .address = detail::endpoint_address(ep),
                                                .detail = "cannot listen: " + ec.message()});
       }
-      auto local = acceptor.local_endpoint();
+      auto local = acceptor.local_endpoint(ec);
+      if (ec)
+        throw_error(errc::invalid_argument,
+                    {.operation = "tcp_store_server", .detail = "no local address: " + ec.message()});
       port = local.port();
       address = detail::endpoint_address(local);
     }
@@ -176,6 +180,16 @@ class tcp_store_server {
                     {.operation = "tcp_store_server",
                      .key = "listen_fd",
                      .detail = "fd " + std::to_string(fd) + " is not a socket"});
+      // Anything else would fail every accept, for ever.
+      int listening = 0;
+      socklen_t option_length = sizeof(listening);
+      if ((storage.ss_family != AF_INET && storage.ss_family != AF_INET6) ||
+          ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &option_length) != 0 ||
+          !listening)
+        throw_error(errc::invalid_argument,
+                    {.operation = "tcp_store_server",
+                     .key = "listen_fd",
+                     .detail = "fd " + std::to_string(fd) + " is not a listening TCP socket"});
       detail::tcp::endpoint ep;
       std::memcpy(ep.data(), &storage, std::min<std::size_t>(length, ep.capacity()));
       ep.resize(length);
@@ -432,16 +446,14 @@ class tcp_store final : public store {
     w.strs(keys).u64(remaining_ms(deadline));
     auto reply =
         co_await request(detail::store_op::get, std::move(w), "tcp_store.get", key, deadline);
-    detail::wire_reader r(reply);
-    co_return r.str();
+    co_return decode(reply, "tcp_store.get", key, [](detail::wire_reader& r) { return r.str(); });
   }
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
     detail::wire_writer w;
     w.str(key).i64(delta);
     auto reply = co_await request(detail::store_op::add, std::move(w), "tcp_store.add", key,
                                   clock::now() + timeout());
-    detail::wire_reader r(reply);
-    co_return r.i64();
+    co_return decode(reply, "tcp_store.add", key, [](detail::wire_reader& r) { return r.i64(); });
   }
   asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                 std::string desired) override {
@@ -449,8 +461,8 @@ class tcp_store final : public store {
     w.str(key).str(expected).str(desired);
     auto reply = co_await request(detail::store_op::compare_set, std::move(w),
                                   "tcp_store.compare_set", key, clock::now() + timeout());
-    detail::wire_reader r(reply);
-    co_return r.str();
+    co_return decode(reply, "tcp_store.compare_set", key,
+                     [](detail::wire_reader& r) { return r.str(); });
   }
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
                                   clock::time_point deadline) override {
@@ -462,21 +474,25 @@ class tcp_store final : public store {
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
     detail::wire_writer w;
     w.strs(keys);
-    auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check",
-                                  detail::join_keys(keys), clock::now() + timeout());
-    co_return detail::wire_reader(reply).u8() != 0;
+    auto joined = detail::join_keys(keys);
+    auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check", joined,
+                                  clock::now() + timeout());
+    co_return decode(reply, "tcp_store.check", joined,
+                     [](detail::wire_reader& r) { return r.u8() != 0; });
   }
   asio::awaitable<bool> delete_key_impl(std::string key) override {
     detail::wire_writer w;
     w.str(key);
     auto reply = co_await request(detail::store_op::delete_key, std::move(w),
                                   "tcp_store.delete_key", key, clock::now() + timeout());
-    co_return detail::wire_reader(reply).u8() != 0;
+    co_return decode(reply, "tcp_store.delete_key", key,
+                     [](detail::wire_reader& r) { return r.u8() != 0; });
   }
   asio::awaitable<std::int64_t> num_keys_impl() override {
     auto reply = co_await request(detail::store_op::num_keys, detail::wire_writer{},
                                   "tcp_store.num_keys", "", clock::now() + timeout());
-    co_return detail::wire_reader(reply).i64();
+    co_return decode(reply, "tcp_store.num_keys", "",
+                     [](detail::wire_reader& r) { return r.i64(); });
   }
 
  private:
@@ -549,7 +565,16 @@ class tcp_store final : public store {
       detail::handshake_config config{.purpose = std::string(detail::store_purpose),
                                       .token = options_.job_token,
                                       .rank = options_.rank};
-      co_await detail::client_handshake(socket, config, address(), deadline);
+      try {
+        co_await detail::client_handshake(socket, config, address(), deadline);
+      } catch (const dcomm::error&) {
+        throw;
+      } catch (const std::system_error& e) {  // the server closed the connection
+        auto ctx = context("tcp_store.connect");
+        ctx.detail = "the store server dropped the connection during the handshake: " +
+                     e.code().message();
+        throw error(errc::peer_lost, ctx);
+      }
       stream_ = std::make_shared<detail::frame_stream>(
           std::move(socket), detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
                                                   .frame_timeout = options_.frame_timeout});
@@ -617,6 +642,14 @@ class tcp_store final : public store {
   asio::awaitable<std::string> request(detail::store_op op, detail::wire_writer args,
                                        std::string operation, std::string key,
                                        clock::time_point deadline) {
+    // The server would drop the connection, failing every pending operation.
+    if (args.bytes().size() + 9 > options_.max_frame_bytes) {
+      auto ctx = context(operation, key);
+      ctx.expected = "a request of at most " + std::to_string(options_.max_frame_bytes) +
+                     " bytes (max_frame_bytes)";
+      ctx.seen = std::to_string(args.bytes().size() + 9) + " bytes";
+      throw error(errc::invalid_argument, ctx);
+    }
     co_await ensure_connected(deadline);
     if (!stream_) std::rethrow_exception(lost_);
     std::uint64_t id = next_id_++;
@@ -635,22 +668,45 @@ class tcp_store final : public store {
       ctx.detail = "the store server did not answer by the deadline";
       throw error(errc::timeout, ctx);
     }
-    detail::wire_reader r(*p->reply);
-    auto status = static_cast<detail::store_status>(r.u8());
-    std::string rest(r.raw(p->reply->size() - 1));
+    std::string rest = std::move(*p->reply);
+    auto status = static_cast<detail::store_status>(
+        decode(rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
+    rest.erase(0, 1);
     if (status == detail::store_status::ok) co_return rest;
-    detail::wire_reader detail_reader(rest);
     if (status == detail::store_status::timeout) {
-      auto ctx = context(operation, detail::join_keys(detail_reader.strs()));
+      auto missing = decode(rest, operation, key, [](detail::wire_reader& r) { return r.strs(); });
+      auto ctx = context(operation, detail::join_keys(missing));
       ctx.detail = "keys still missing at the deadline";
       throw error(errc::timeout, ctx);
     }
-    auto code = static_cast<errc>(detail_reader.u8());
+    // A request the server refused: its error, in this store's context.
     auto ctx = context(operation, key);
-    ctx.expected = detail_reader.str();
-    ctx.seen = detail_reader.str();
-    ctx.detail = detail_reader.str();
+    auto code = decode(rest, operation, key, [&ctx](detail::wire_reader& r) {
+      auto c = static_cast<errc>(r.u8());
+      ctx.expected = r.str();
+      ctx.seen = r.str();
+      ctx.detail = r.str();
+      return c;
+    });
     throw error(code, ctx);
+  }
+
+  // Reads the fields of a reply; one that does not decode is reported with
+  // this store's context.
+  template <typename Parse>
+  auto decode(const std::string& reply, const std::string& operation, const std::string& key,
+              Parse parse, bool whole = true) const
+      -> std::invoke_result_t<Parse&, detail::wire_reader&> {
+    try {
+      detail::wire_reader r(reply);
+      auto value = parse(r);
+      if (whole) r.expect_end();
+      return value;
+    } catch (const dcomm::error& e) {
+      auto ctx = context(operation, key);
+      ctx.detail = "bad reply from the store server: " + e.context().detail;
+      throw error(errc::protocol_error, ctx);
+    }
   }
 
   std::unique_ptr<detail::io_thread> thread_;  // first: destroyed last
