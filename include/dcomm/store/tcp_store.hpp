@@ -632,10 +632,12 @@ class tcp_store final : public store {
     ctx.detail = why.detail;
     auto failure = std::make_exception_ptr(error(code, ctx));
     self->lost_ = failure;
-    for (auto& [id, p] : self->pending_) {
-      p->failure = failure;
-      p->timer.cancel();
-    }
+    // A request whose reply came before the end keeps it: it was answered.
+    for (auto& [id, p] : self->pending_)
+      if (!p->reply) {
+        p->failure = failure;
+        p->timer.cancel();
+      }
   }
 
   // Sends one request and waits for its reply (status byte stripped).
