@@ -4,8 +4,10 @@
 // Frames are u32 length + body; requests carry an id so many operations can
 // be in flight on one connection (a waiting get never holds up a set). The
 // server enforces waits' deadlines and answers a timeout with the keys still
-// missing. A frame over the size limit or one that does not decode closes
-// that connection only: the server and all other clients carry on.
+// missing. A frame over a limit (size, the server's budget for frames in
+// flight, the deadline of a frame begun; see detail/frame_stream.hpp) or one
+// that does not decode closes that connection only: the server and all other
+// clients carry on.
 #pragma once
 
 #include <cstdint>

@@ -72,7 +72,6 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   }
 
   tcp::socket& socket() noexcept { return socket_; }
-  bool is_open() const noexcept { return !closed_; }
 
   // Reads one frame body. Its memory grows with the bytes that arrive, not
   // with the length the peer announces.
