@@ -5,8 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +18,7 @@
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
 #include "support/listening_socket.hpp"
+#include "support/raw_peer.hpp"
 #include "support/store_world.hpp"
 
 using namespace std::chrono_literals;
@@ -27,7 +32,7 @@ std::string expect_error(errc code, F&& fn) {
   try {
     fn();
   } catch (const dcomm::error& e) {
-    CHECK_MESSAGE(e.code() == code, e.what());
+    CHECK_MESSAGE(e.code() == code, std::string(e.what()));
     return e.what();
   }
   FAIL("expected a dcomm::error: " << dcomm::make_error_code(code).message());
@@ -367,6 +372,220 @@ TEST_SUITE("tcp_store") {
         dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1", .port = server->port()});
     CHECK(dcomm::sync_wait(ctx, fresh->get("after")) == "2");
   }
+
+  TEST_CASE("a frame cut short is dropped at frame_timeout; idle connections are not") {
+    DCOMM_TEST_DEADLINE(60s);
+    using dcomm::test::closed_within;
+    using dcomm::test::raw_client;
+    dcomm::test::stderr_capture log;
+    dcomm::detail::io_thread server_thread;
+    auto server = dcomm::tcp_store_server::start(
+        server_thread.get_executor(), {.bind_host = "127.0.0.1", .frame_timeout = 300ms});
+    asio::io_context ctx;
+    auto good = dcomm::tcp_store::create(
+        ctx.get_executor(), {.host = "127.0.0.1", .port = server->port(), .frame_timeout = 300ms});
+    dcomm::sync_wait(ctx, good->set("before", "1"));
+
+    raw_client idle(server->port());
+    raw_client cut(server->port());
+    raw_client half_header(server->port());
+    cut.send(dcomm::test::frame(std::string(500, 'x'), 1000));  // promises 1000 bytes
+    half_header.send(std::string("\x10\x00", 2));
+    // Without a deadline on frames these stay open for ever.
+    CHECK(closed_within(cut.socket, 10s));
+    CHECK(closed_within(half_header.socket, 10s));
+    // Idle time between frames is the client's own, however long.
+    CHECK_FALSE(closed_within(idle.socket, 1s));
+    dcomm::detail::wire_writer no_args;
+    idle.send(dcomm::test::frame(
+        dcomm::test::request(7, dcomm::detail::store_op::num_keys, std::move(no_args))));
+    CHECK(dcomm::test::read_frame(idle.socket).size() == 8 + 1 + 8);
+    // The store client, idle as long, carries on too.
+    dcomm::sync_wait(ctx, good->set("after", "2"));
+    CHECK(dcomm::sync_wait(ctx, good->get("before")) == "1");
+    auto text = log.text();
+    CHECK_MESSAGE(contains(text, cut.address() + ": dcomm: timed out"), text);
+    CHECK(contains(text, "a frame of 1000 bytes began but did not complete within frame_timeout"));
+    CHECK(contains(text, half_header.address() + ": dcomm: timed out"));
+    CHECK_FALSE(contains(text, idle.address()));
+  }
+
+  TEST_CASE("a server that stops in the middle of a reply fails pending operations promptly") {
+    DCOMM_TEST_DEADLINE(60s);
+    using asio::ip::tcp;
+    asio::io_context server_ctx;
+    tcp::acceptor acceptor(server_ctx, {asio::ip::make_address("127.0.0.1"), 0});
+    std::jthread fake([&] {
+      auto sock = acceptor.accept();
+      dcomm::test::accept_handshake(server_ctx, sock);
+      auto request = dcomm::test::read_frame(sock);
+      // A get's reply: id, ok, a value of 100 bytes; 20 of them come.
+      dcomm::detail::wire_writer reply;
+      reply.raw(request.substr(0, 8)).u8(0).u32(100).raw(std::string(20, 'v'));
+      asio::write(sock, asio::buffer(dcomm::test::frame(reply.bytes(), 8 + 1 + 4 + 100)));
+      dcomm::test::closed_within(sock, 15s);  // until the client gives up
+    });
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                      {.host = "127.0.0.1",
+                                       .port = acceptor.local_endpoint().port(),
+                                       .timeout = 20s,
+                                       .frame_timeout = 300ms});
+    auto start = std::chrono::steady_clock::now();
+    auto what = expect_error(errc::timeout, [&] { dcomm::sync_wait(ctx, s->get("k", 20s)); });
+    // Not at the get's own deadline (20 s, plus the grace for the answer).
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(contains(what, "frame_timeout"));
+    CHECK(contains(what, s->address()));
+    // Later operations fail at once, with the same cause.
+    what = expect_error(errc::timeout, [&] { dcomm::sync_wait(ctx, s->set("k", "v")); });
+    CHECK(contains(what, "frame_timeout"));
+    fake.join();
+  }
+
+  TEST_CASE("frames in flight stay within max_buffered_bytes") {
+    DCOMM_TEST_DEADLINE(60s);
+    using dcomm::test::closed_within;
+    using dcomm::test::raw_client;
+    dcomm::test::stderr_capture log;
+    dcomm::detail::io_thread server_thread;
+    auto server = dcomm::tcp_store_server::start(server_thread.get_executor(),
+                                                 {.bind_host = "127.0.0.1",
+                                                  .max_frame_bytes = 8 << 20,
+                                                  .max_buffered_bytes = 7 << 20});
+    asio::io_context ctx;
+    auto good = dcomm::tcp_store::create(
+        ctx.get_executor(),
+        {.host = "127.0.0.1", .port = server->port(), .max_frame_bytes = 8 << 20});
+    dcomm::sync_wait(ctx, good->set("before", "1"));
+    // Polls the log: the server logs a drop before it closes the socket.
+    auto logged = [&](const std::string& part) {
+      for (int i = 0; i < 400; ++i) {
+        if (contains(log.text(), part)) return true;
+        std::this_thread::sleep_for(25ms);
+      }
+      return false;
+    };
+
+    SUBCASE("bodies being received") {
+      // Two clients each send 3 MiB of a 4 MiB set. A body's buffer doubles
+      // as its bytes arrive, so holding both would take 8 MiB: one of them
+      // is refused, and the other's set goes through.
+      const std::size_t size = 4 << 20, part = 3 << 20;
+      auto set_frame = [&](const std::string& key) {
+        dcomm::detail::wire_writer args;
+        args.str(key).str(std::string(size - 8 - 1 - 4 - key.size() - 4, 'v'));
+        return dcomm::test::frame(
+            dcomm::test::request(1, dcomm::detail::store_op::set, std::move(args)));
+      };
+      raw_client a(server->port()), b(server->port());
+      std::string frame_a = set_frame("a"), frame_b = set_frame("b");
+      a.send(frame_a.substr(0, part));
+      b.send(frame_b.substr(0, part));
+      REQUIRE(logged("max_buffered_bytes"));
+      bool a_dropped = contains(log.text(), a.address() + ": ");
+      auto& dropped = a_dropped ? a : b;
+      auto& kept = a_dropped ? b : a;
+      CHECK(closed_within(dropped.socket, 10s));
+      kept.send((a_dropped ? frame_b : frame_a).substr(part));
+      auto value = dcomm::sync_wait(ctx, good->get(a_dropped ? "b" : "a", 10s));
+      CHECK(value.size() == size - 8 - 1 - 4 - 1 - 4);
+      CHECK_FALSE(contains(log.text(), kept.address()));
+      CHECK_MESSAGE(contains(log.text(), "(7340032) for frames in flight; refused"), log.text());
+    }
+
+    SUBCASE("replies a client does not read") {
+      std::string big(1 << 20, 'b');
+      dcomm::sync_wait(ctx, good->set("big", big));
+      raw_client greedy(server->port());
+      std::string requests;
+      for (std::uint64_t id = 1; id <= 64; ++id) {
+        dcomm::detail::wire_writer args;
+        args.strs(keys("big")).u64(10000);
+        requests += dcomm::test::frame(
+            dcomm::test::request(id, dcomm::detail::store_op::get, std::move(args)));
+      }
+      greedy.send(requests);  // 64 MiB of replies, never read
+      REQUIRE(logged(greedy.address() + ": "));
+      CHECK(contains(log.text(), "a reply of 1048589 bytes needs"));
+      CHECK(closed_within(greedy.socket, 10s));
+      CHECK(dcomm::sync_wait(ctx, good->get("big")) == big);
+    }
+    dcomm::sync_wait(ctx, good->set("after", "2"));
+    CHECK(dcomm::sync_wait(ctx, good->get("before")) == "1");
+  }
+
+  TEST_CASE("what a user sees is a dcomm::error with context") {
+    DCOMM_TEST_DEADLINE(60s);
+    using asio::ip::tcp;
+    asio::io_context ctx;
+
+    SUBCASE("a server that drops the connection during the handshake") {
+      asio::io_context server_ctx;
+      tcp::acceptor acceptor(server_ctx, {asio::ip::make_address("127.0.0.1"), 0});
+      std::jthread fake([&] {
+        auto sock = acceptor.accept();
+        std::array<char, 4> hello{};
+        asio::read(sock, asio::buffer(hello));
+      });
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = acceptor.local_endpoint().port(), .timeout = 10s});
+      // Not the std::system_error the socket reports.
+      auto what = expect_error(errc::peer_lost, [&] { dcomm::sync_wait(ctx, s->connect()); });
+      CHECK(contains(what, "handshake"));
+      CHECK(contains(what, s->address()));
+    }
+
+    SUBCASE("a reply that does not decode") {
+      asio::io_context server_ctx;
+      tcp::acceptor acceptor(server_ctx, {asio::ip::make_address("127.0.0.1"), 0});
+      std::jthread fake([&] {
+        auto sock = acceptor.accept();
+        dcomm::test::accept_handshake(server_ctx, sock);
+        auto request = dcomm::test::read_frame(sock);
+        dcomm::detail::wire_writer reply;  // ok, but no value
+        reply.raw(request.substr(0, 8)).u8(0);
+        asio::write(sock, asio::buffer(dcomm::test::frame(reply.bytes())));
+      });  // and closes: the reply still counts
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = acceptor.local_endpoint().port(), .timeout = 10s});
+      auto what =
+          expect_error(errc::protocol_error, [&] { dcomm::sync_wait(ctx, s->get("k", 10s)); });
+      CHECK(contains(what, "bad reply"));
+      CHECK(contains(what, "key 'k'"));
+      CHECK(contains(what, s->address()));
+    }
+
+    SUBCASE("a request over max_frame_bytes is refused before it is sent") {
+      dcomm::detail::io_thread server_thread;
+      auto server = dcomm::tcp_store_server::start(
+          server_thread.get_executor(), {.bind_host = "127.0.0.1", .max_frame_bytes = 1 << 20});
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(),
+          {.host = "127.0.0.1", .port = server->port(), .max_frame_bytes = 1 << 20});
+      auto what = expect_error(errc::invalid_argument, [&] {
+        dcomm::sync_wait(ctx, s->set("huge", std::string(2 << 20, 'h')));
+      });
+      CHECK(contains(what, "max_frame_bytes"));
+      CHECK(contains(what, "key 'huge'"));
+      // The connection was not given up for it.
+      dcomm::sync_wait(ctx, s->set("small", "fine"));
+      CHECK(dcomm::sync_wait(ctx, s->get("small")) == "fine");
+    }
+
+    SUBCASE("a listen_fd that does not listen") {
+      asio::io_context other;  // registered with ctx, the fd could not be adopted at all
+      tcp::acceptor bound(other);
+      bound.open(tcp::v4());
+      bound.bind({asio::ip::make_address("127.0.0.1"), 0});
+      auto what = expect_error(errc::invalid_argument, [&] {
+        dcomm::tcp_store_server::start(ctx.get_executor(), {.listen_fd = bound.native_handle()});
+      });
+      CHECK(contains(what, "not a listening TCP socket"));
+    }
+  }
 }
 
 TEST_SUITE("tcp_store processes") {
@@ -529,6 +748,134 @@ TEST_SUITE("tcp_store processes") {
     CHECK(WIFSIGNALED(status));
     CHECK_MESSAGE(failed_as_expected, message);
     CHECK(contains(message, "127.0.0.1:" + std::to_string(ls.port)));
+  }
+
+  TEST_CASE("closing a stream under a write in flight frees each frame once") {
+    DCOMM_TEST_DEADLINE(60s);
+    // In a child: freeing twice aborts the process (or ASan reports it).
+    auto results = dcomm::test::fork_world(1, 30s, [](int) {
+      using asio::ip::tcp;
+      asio::io_context ctx;
+      tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+      for (int frames = 1; frames <= 3; ++frames) {
+        tcp::socket near(ctx);
+        near.connect(acceptor.local_endpoint());
+        auto far = acceptor.accept();
+        auto stream = std::make_shared<dcomm::detail::frame_stream>(std::move(near),
+                                                                    dcomm::detail::frame_limits{});
+        asio::post(ctx, [&] {
+          // The first write completes at once (the socket has room), and
+          // its completion waits in the queue behind this handler, which
+          // closes the stream: what a reader seeing the server's goodbye,
+          // the destructor, and the server's stop() all do.
+          for (int i = 0; i < frames; ++i) stream->send_frame("frame " + std::to_string(i));
+          stream->close();
+        });
+        ctx.restart();
+        ctx.run();
+      }
+      return 0;
+    });
+    CHECK_MESSAGE(results[0].ok(), dcomm::test::describe(results));
+  }
+
+  TEST_CASE("a server that answers, then closes under requests being written, crashes no client") {
+    DCOMM_TEST_DEADLINE(120s);
+    // What rank 0's store does as it exits: it answers the requests it has
+    // read and closes, while a client is still writing more. The client's
+    // writes keep completing (the fake server still drains them), so one is
+    // always in flight when the client reads the end of the stream.
+    constexpr int rounds = 12, requests = 512, answered = 8;
+    int failed = 0;
+    for (int round = 0; round < rounds; ++round) {
+      listening_socket ls;
+      auto results = dcomm::test::fork_world(2, 30s, [&](int rank) {
+        if (rank == 0) {
+          auto sock = ls.acceptor.accept();
+          dcomm::test::accept_handshake(ls.ctx, sock);
+          for (int i = 0; i < answered; ++i) {
+            auto request = dcomm::test::read_frame(sock);
+            dcomm::detail::wire_writer reply;
+            reply.raw(request.substr(0, 8)).u8(0);
+            asio::write(sock, asio::buffer(dcomm::test::frame(reply.bytes())));
+          }
+          sock.shutdown(asio::ip::tcp::socket::shutdown_send);
+          dcomm::test::closed_within(sock, 20s);
+          return 0;
+        }
+        asio::io_context ctx;
+        auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                          {.host = "127.0.0.1", .port = ls.port, .timeout = 20s});
+        int finished = 0, succeeded = 0, not_dcomm = 0;
+        for (int i = 0; i < requests; ++i)
+          s->set("k" + std::to_string(i), std::string(4 << 10, 'v'), [&](std::exception_ptr e) {
+            ++finished;
+            try {
+              if (e) std::rethrow_exception(e);
+              ++succeeded;
+            } catch (const dcomm::error&) {
+            } catch (...) {
+              ++not_dcomm;
+            }
+          });
+        ctx.run();
+        // The answered ones succeed, though the end of the stream follows
+        // their replies at once; the others fail with a dcomm::error.
+        if (finished != requests || not_dcomm != 0) return 2;
+        return succeeded == answered ? 0 : 3;
+      });
+      if (!results[1].ok()) {
+        ++failed;
+        MESSAGE("round " << round << ": " << dcomm::test::describe(results));
+      }
+    }
+    CHECK(failed == 0);
+  }
+
+  TEST_CASE("frames announced but not sent take no memory in the server") {
+    DCOMM_TEST_DEADLINE(120s);
+    listening_socket ls;
+    std::fflush(nullptr);
+    pid_t server = ::fork();  // before any thread exists here
+    if (server == 0) {
+      asio::io_context ctx;
+      auto srv = dcomm::tcp_store_server::start(ctx.get_executor(), {.listen_fd = ls.fd()});
+      ctx.run();
+      std::_Exit(0);
+    }
+    REQUIRE(server > 0);
+    ls.acceptor.close();
+    long before = 0, peak = 0;
+    std::string during;
+    {
+      asio::io_context ctx;
+      auto good = dcomm::tcp_store::create(ctx.get_executor(),
+                                           {.host = "127.0.0.1", .port = ls.port, .timeout = 20s});
+      dcomm::sync_wait(ctx, good->set("warm", "1"));
+      before = dcomm::test::resident_kib(server);
+      // Six clients announce frames of 64 MiB (the default limit) and send
+      // 1 MiB of each.
+      std::vector<std::unique_ptr<dcomm::test::raw_client>> clients;
+      for (int i = 0; i < 6; ++i) {
+        clients.push_back(std::make_unique<dcomm::test::raw_client>(ls.port));
+        clients.back()->send(dcomm::test::frame(std::string(1 << 20, 'x'), 64u << 20));
+      }
+      // The server keeps serving meanwhile.
+      dcomm::sync_wait(ctx, good->set("during", "2"));
+      during = dcomm::sync_wait(ctx, good->get("during"));
+      peak = before;
+      for (int i = 0; i < 20; ++i) {
+        std::this_thread::sleep_for(25ms);
+        peak = std::max(peak, dcomm::test::resident_kib(server));
+      }
+    }
+    ::kill(server, SIGKILL);
+    ::waitpid(server, nullptr, 0);
+    CHECK(during == "2");
+    CHECK(before > 0);
+    // 6 x 64 MiB if announced lengths were allocated.
+    CHECK_MESSAGE(peak - before < 64 * 1024,
+                  "server resident memory grew by " << (peak - before) / 1024 << " MiB");
   }
 }
 

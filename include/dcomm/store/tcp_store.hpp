@@ -4,15 +4,17 @@
 // Frames are u32 length + body; requests carry an id so many operations can
 // be in flight on one connection (a waiting get never holds up a set). The
 // server enforces waits' deadlines and answers a timeout with the keys still
-// missing. A frame over the size limit or one that does not decode closes
-// that connection only: the server and all other clients carry on.
+// missing. A frame over a limit (size, the server's budget for frames in
+// flight, the deadline of a frame begun; see detail/frame_stream.hpp) or one
+// that does not decode closes that connection only: the server and all other
+// clients carry on.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/wire.hpp"
+#include "dcomm/store/detail/frame_stream.hpp"
 #include "dcomm/store/store.hpp"
 
 namespace dcomm {
@@ -42,78 +45,11 @@ enum class store_op : std::uint8_t {
 enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
 
 inline constexpr std::string_view store_purpose = "store";
-inline constexpr std::size_t default_max_frame_bytes = std::size_t{64} << 20;
 
 inline std::string job_token_from_environment() {
   const char* t = std::getenv("DCOMM_JOB_TOKEN");
   return t ? t : "";
 }
-
-// One framed TCP connection with an ordered outgoing queue, used by both
-// ends of the store protocol. Lives on one strand.
-class frame_stream : public std::enable_shared_from_this<frame_stream> {
- public:
-  frame_stream(tcp::socket socket, std::size_t max_frame_bytes)
-      : socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes) {}
-
-  tcp::socket& socket() noexcept { return socket_; }
-  bool is_open() const noexcept { return socket_.is_open(); }
-
-  // Reads one frame body; protocol_error if it is over the size limit.
-  asio::awaitable<std::string> read_frame() {
-    std::array<unsigned char, 4> header{};
-    co_await asio::async_read(socket_, asio::buffer(header), asio::use_awaitable);
-    std::uint32_t length =
-        static_cast<std::uint32_t>(header[0]) | static_cast<std::uint32_t>(header[1]) << 8 |
-        static_cast<std::uint32_t>(header[2]) << 16 | static_cast<std::uint32_t>(header[3]) << 24;
-    if (length > max_frame_bytes_)
-      throw_error(errc::protocol_error,
-                  {.operation = "read frame",
-                   .expected = "at most " + std::to_string(max_frame_bytes_) + " bytes",
-                   .seen = std::to_string(length) + " bytes"});
-    std::string body(length, '\0');
-    co_await asio::async_read(socket_, asio::buffer(body), asio::use_awaitable);
-    co_return body;
-  }
-
-  // Queues a frame; frames go out in the order they were queued.
-  void send_frame(std::string body) {
-    wire_writer frame;
-    frame.u32(static_cast<std::uint32_t>(body.size())).raw(body);
-    outbox_.push_back(std::move(frame.bytes()));
-    if (!writing_ && socket_.is_open()) {
-      writing_ = true;
-      asio::co_spawn(socket_.get_executor(), write_loop(shared_from_this()), asio::detached);
-    }
-  }
-
-  void close() {
-    asio::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-    outbox_.clear();
-  }
-
- private:
-  static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self) {
-    try {
-      while (!self->outbox_.empty()) {
-        co_await asio::async_write(self->socket_, asio::buffer(self->outbox_.front()),
-                                   asio::use_awaitable);
-        self->outbox_.pop_front();
-      }
-    } catch (const std::system_error&) {
-      // The reader sees the broken connection and reports it.
-      self->close();
-    }
-    self->writing_ = false;
-  }
-
-  tcp::socket socket_;
-  std::size_t max_frame_bytes_;
-  std::deque<std::string> outbox_;
-  bool writing_ = false;
-};
 
 }  // namespace detail
 
@@ -127,6 +63,13 @@ struct tcp_store_server_options {
   std::string job_token = detail::job_token_from_environment();
   std::size_t max_frame_bytes = detail::default_max_frame_bytes;
   std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
+  // Bytes held for frames in flight (bodies being received, replies queued
+  // to send) across all connections; a connection whose frame would take the
+  // server over it is dropped.
+  std::size_t max_buffered_bytes = detail::default_max_buffered_bytes;
+  // Once a frame has begun, the rest must arrive within this, or its
+  // connection is dropped. Idle time between frames is unlimited.
+  std::chrono::milliseconds frame_timeout = detail::default_frame_timeout;
 };
 
 // The server half. Runs on a strand of the executor it is given; destroying
@@ -158,11 +101,17 @@ class tcp_store_server {
 
   struct impl : std::enable_shared_from_this<impl> {
     impl(asio::strand<asio::any_io_executor> s, tcp_store_server_options o)
-        : strand(std::move(s)), acceptor(strand), options(std::move(o)) {}
+        : strand(std::move(s)),
+          acceptor(strand),
+          options(std::move(o)),
+          limits{.max_frame_bytes = options.max_frame_bytes,
+                 .frame_timeout = options.frame_timeout,
+                 .budget = std::make_shared<detail::frame_budget>(options.max_buffered_bytes)} {}
 
     asio::strand<asio::any_io_executor> strand;
     detail::tcp::acceptor acceptor;
     tcp_store_server_options options;
+    detail::frame_limits limits;
     std::uint16_t port = 0;
     std::string address;
     detail::kv_table table;
@@ -217,7 +166,10 @@ class tcp_store_server {
                                                .address = detail::endpoint_address(ep),
                                                .detail = "cannot listen: " + ec.message()});
       }
-      auto local = acceptor.local_endpoint();
+      auto local = acceptor.local_endpoint(ec);
+      if (ec)
+        throw_error(errc::invalid_argument,
+                    {.operation = "tcp_store_server", .detail = "no local address: " + ec.message()});
       port = local.port();
       address = detail::endpoint_address(local);
     }
@@ -230,6 +182,16 @@ class tcp_store_server {
                     {.operation = "tcp_store_server",
                      .key = "listen_fd",
                      .detail = "fd " + std::to_string(fd) + " is not a socket"});
+      // Anything else would fail every accept, for ever.
+      int listening = 0;
+      socklen_t option_length = sizeof(listening);
+      if ((storage.ss_family != AF_INET && storage.ss_family != AF_INET6) ||
+          ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &option_length) != 0 ||
+          !listening)
+        throw_error(errc::invalid_argument,
+                    {.operation = "tcp_store_server",
+                     .key = "listen_fd",
+                     .detail = "fd " + std::to_string(fd) + " is not a listening TCP socket"});
       detail::tcp::endpoint ep;
       std::memcpy(ep.data(), &storage, std::min<std::size_t>(length, ep.capacity()));
       ep.resize(length);
@@ -260,7 +222,7 @@ class tcp_store_server {
           co_await pause.async_wait(asio::use_awaitable);
           continue;
         }
-        auto conn = std::make_shared<connection>(std::move(socket), self->options.max_frame_bytes);
+        auto conn = std::make_shared<connection>(std::move(socket), self->limits);
         std::erase_if(self->connections, [](auto& w) { return w.expired(); });
         self->connections.push_back(conn);
         asio::co_spawn(self->strand, serve(self, conn), asio::detached);
@@ -269,10 +231,11 @@ class tcp_store_server {
 
     static asio::awaitable<void> serve(std::shared_ptr<impl> self,
                                        std::shared_ptr<connection> conn) {
-      std::string peer = "unknown peer";
+      asio::error_code ec;
+      auto endpoint = conn->socket().remote_endpoint(ec);
+      std::string peer = ec ? "an unknown peer" : detail::endpoint_address(endpoint);
       try {
-        peer = detail::endpoint_address(conn->socket().remote_endpoint());
-        conn->socket().set_option(detail::tcp::no_delay(true));
+        conn->socket().set_option(detail::tcp::no_delay(true), ec);
         detail::handshake_config config{.purpose = std::string(detail::store_purpose),
                                         .token = self->options.job_token};
         auto who = co_await detail::server_handshake(
@@ -280,22 +243,31 @@ class tcp_store_server {
         if (who.rank >= 0) peer += " (rank " + std::to_string(who.rank) + ")";
         for (;;) {
           std::string body = co_await conn->read_frame();
-          handle(self, conn, std::move(body));
+          handle(self, conn, peer, std::move(body));
         }
       } catch (const dcomm::error& e) {
-        if (!self->stopped)
-          detail::log(detail::log_level::warning,
-                      "tcp_store server dropped connection from " + peer + ": " + e.what());
+        // peer_lost: the client went away; its pending waits end at their deadlines.
+        if (e.code() != errc::peer_lost) drop(self, *conn, peer, e.what());
       } catch (const std::system_error&) {
-        // The client went away; its pending waits end at their deadlines.
+        // The client went away during the handshake.
+      } catch (const std::exception& e) {
+        drop(self, *conn, peer, e.what());
       }
       conn->close();
+    }
+
+    static void drop(const std::shared_ptr<impl>& self, connection& conn, const std::string& peer,
+                     const std::string& why) {
+      if (!self->stopped)
+        detail::log(detail::log_level::warning,
+                    "tcp_store server dropped connection from " + peer + ": " + why);
+      conn.close();
     }
 
     // Decodes one request; a malformed one throws protocol_error, which
     // drops this connection only.
     static void handle(const std::shared_ptr<impl>& self, const std::shared_ptr<connection>& conn,
-                       std::string body) {
+                       const std::string& peer, std::string body) {
       using detail::store_op;
       detail::wire_reader in(body);
       std::uint64_t id = in.u64();
@@ -318,7 +290,8 @@ class tcp_store_server {
             auto keys = in.strs();
             auto timeout = std::chrono::milliseconds(in.u64());
             in.expect_end();
-            asio::co_spawn(self->strand, answer_wait(self, conn, id, op, std::move(keys), timeout),
+            asio::co_spawn(self->strand,
+                           answer_wait(self, conn, peer, id, op, std::move(keys), timeout),
                            asio::detached);
             return;
           }
@@ -376,8 +349,9 @@ class tcp_store_server {
     }
 
     static asio::awaitable<void> answer_wait(std::shared_ptr<impl> self,
-                                             std::shared_ptr<connection> conn, std::uint64_t id,
-                                             detail::store_op op, std::vector<std::string> keys,
+                                             std::shared_ptr<connection> conn, std::string peer,
+                                             std::uint64_t id, detail::store_op op,
+                                             std::vector<std::string> keys,
                                              std::chrono::milliseconds timeout) {
       auto deadline = clock::now() + timeout;
       detail::wire_writer out;
@@ -397,7 +371,11 @@ class tcp_store_server {
           break;
         }
       }
-      if (conn->is_open()) conn->send_frame(std::move(out.bytes()));
+      try {
+        conn->send_frame(std::move(out.bytes()));  // nothing once the connection is closed
+      } catch (const dcomm::error& e) {
+        drop(self, *conn, peer, e.what());  // over the budget
+      }
     }
   };
 
@@ -415,6 +393,12 @@ struct tcp_store_options {
   std::chrono::milliseconds timeout = store::default_timeout;
   std::string job_token = detail::job_token_from_environment();
   std::size_t max_frame_bytes = detail::default_max_frame_bytes;
+  // For the hosted server; see tcp_store_server_options.
+  std::size_t max_buffered_bytes = detail::default_max_buffered_bytes;
+  // For both ends: once a frame (a request, a reply) has begun, the rest must
+  // arrive within this. A server that stops in the middle of a reply fails
+  // every pending operation with errc::timeout.
+  std::chrono::milliseconds frame_timeout = detail::default_frame_timeout;
   int rank = -1;  // ours, for the server's and our own messages
 };
 
@@ -464,16 +448,14 @@ class tcp_store final : public store {
     w.strs(keys).u64(remaining_ms(deadline));
     auto reply =
         co_await request(detail::store_op::get, std::move(w), "tcp_store.get", key, deadline);
-    detail::wire_reader r(reply);
-    co_return r.str();
+    co_return decode(reply, "tcp_store.get", key, [](detail::wire_reader& r) { return r.str(); });
   }
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
     detail::wire_writer w;
     w.str(key).i64(delta);
     auto reply = co_await request(detail::store_op::add, std::move(w), "tcp_store.add", key,
                                   clock::now() + timeout());
-    detail::wire_reader r(reply);
-    co_return r.i64();
+    co_return decode(reply, "tcp_store.add", key, [](detail::wire_reader& r) { return r.i64(); });
   }
   asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                 std::string desired) override {
@@ -481,8 +463,8 @@ class tcp_store final : public store {
     w.str(key).str(expected).str(desired);
     auto reply = co_await request(detail::store_op::compare_set, std::move(w),
                                   "tcp_store.compare_set", key, clock::now() + timeout());
-    detail::wire_reader r(reply);
-    co_return r.str();
+    co_return decode(reply, "tcp_store.compare_set", key,
+                     [](detail::wire_reader& r) { return r.str(); });
   }
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
                                   clock::time_point deadline) override {
@@ -494,21 +476,25 @@ class tcp_store final : public store {
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
     detail::wire_writer w;
     w.strs(keys);
-    auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check",
-                                  detail::join_keys(keys), clock::now() + timeout());
-    co_return detail::wire_reader(reply).u8() != 0;
+    auto joined = detail::join_keys(keys);
+    auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check", joined,
+                                  clock::now() + timeout());
+    co_return decode(reply, "tcp_store.check", joined,
+                     [](detail::wire_reader& r) { return r.u8() != 0; });
   }
   asio::awaitable<bool> delete_key_impl(std::string key) override {
     detail::wire_writer w;
     w.str(key);
     auto reply = co_await request(detail::store_op::delete_key, std::move(w),
                                   "tcp_store.delete_key", key, clock::now() + timeout());
-    co_return detail::wire_reader(reply).u8() != 0;
+    co_return decode(reply, "tcp_store.delete_key", key,
+                     [](detail::wire_reader& r) { return r.u8() != 0; });
   }
   asio::awaitable<std::int64_t> num_keys_impl() override {
     auto reply = co_await request(detail::store_op::num_keys, detail::wire_writer{},
                                   "tcp_store.num_keys", "", clock::now() + timeout());
-    co_return detail::wire_reader(reply).i64();
+    co_return decode(reply, "tcp_store.num_keys", "",
+                     [](detail::wire_reader& r) { return r.i64(); });
   }
 
  private:
@@ -535,7 +521,9 @@ class tcp_store final : public store {
                                                    .port = options_.port,
                                                    .listen_fd = options_.listen_fd,
                                                    .job_token = options_.job_token,
-                                                   .max_frame_bytes = options_.max_frame_bytes});
+                                                   .max_frame_bytes = options_.max_frame_bytes,
+                                                   .max_buffered_bytes = options_.max_buffered_bytes,
+                                                   .frame_timeout = options_.frame_timeout});
   }
 
   std::shared_ptr<tcp_store> shared_self() {
@@ -579,8 +567,19 @@ class tcp_store final : public store {
       detail::handshake_config config{.purpose = std::string(detail::store_purpose),
                                       .token = options_.job_token,
                                       .rank = options_.rank};
-      co_await detail::client_handshake(socket, config, address(), deadline);
-      stream_ = std::make_shared<detail::frame_stream>(std::move(socket), options_.max_frame_bytes);
+      try {
+        co_await detail::client_handshake(socket, config, address(), deadline);
+      } catch (const dcomm::error&) {
+        throw;
+      } catch (const std::system_error& e) {  // the server closed the connection
+        auto ctx = context("tcp_store.connect");
+        ctx.detail = "the store server dropped the connection during the handshake: " +
+                     e.code().message();
+        throw error(errc::peer_lost, ctx);
+      }
+      stream_ = std::make_shared<detail::frame_stream>(
+          std::move(socket), detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
+                                                  .frame_timeout = options_.frame_timeout});
       asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
                      asio::detached);
     } catch (...) {
@@ -598,7 +597,8 @@ class tcp_store final : public store {
   // (its destructor closes the stream, which ends this loop).
   static asio::awaitable<void> read_loop(std::weak_ptr<tcp_store> weak,
                                          std::shared_ptr<detail::frame_stream> stream) {
-    std::exception_ptr failure;
+    errc code = errc::peer_lost;
+    error_context why;
     try {
       for (;;) {
         std::string body = co_await stream->read_frame();
@@ -608,42 +608,52 @@ class tcp_store final : public store {
         std::uint64_t id = r.u64();
         auto it = self->pending_.find(id);
         if (it == self->pending_.end()) continue;  // its caller already gave up
-        it->second->reply = std::string(r.raw(body.size() - 8));
+        body.erase(0, 8);
+        it->second->reply = std::move(body);
         it->second->timer.cancel();
       }
     } catch (const dcomm::error& e) {
-      failure = std::make_exception_ptr(error(
-          errc::protocol_error, {.operation = "tcp_store",
-                                 .detail = std::string("bad reply from the server: ") + e.what()}));
-    } catch (const std::system_error& e) {
-      failure = std::make_exception_ptr(
-          error(errc::peer_lost,
-                {.operation = "tcp_store",
-                 .detail = "connection to the store server lost: " + e.code().message()}));
+      code = static_cast<errc>(e.code().value());
+      why = e.context();
+      why.detail = (code == errc::protocol_error ? "bad reply from the store server: "
+                    : code == errc::timeout
+                        ? "the store server stopped in the middle of a reply; connection closed: "
+                        : "connection to the store server lost: ") +
+                   why.detail;
+    } catch (const std::exception& e) {
+      why.detail = std::string("connection to the store server dropped: ") + e.what();
     }
     stream->close();
     auto self = weak.lock();
     if (!self) co_return;
     if (self->stream_ == stream) self->stream_.reset();
-    // Rebuild with this store's rank and address for the message.
-    try {
-      std::rethrow_exception(failure);
-    } catch (const dcomm::error& e) {
-      auto ctx = self->context(e.context().operation);
-      ctx.detail = e.context().detail;
-      failure = std::make_exception_ptr(error(e.code(), ctx));
-    }
+    // With this store's rank and address for the message.
+    auto ctx = self->context("tcp_store");
+    ctx.expected = why.expected;
+    ctx.seen = why.seen;
+    ctx.detail = why.detail;
+    auto failure = std::make_exception_ptr(error(code, ctx));
     self->lost_ = failure;
-    for (auto& [id, p] : self->pending_) {
-      p->failure = failure;
-      p->timer.cancel();
-    }
+    // A request whose reply came before the end keeps it: it was answered.
+    for (auto& [id, p] : self->pending_)
+      if (!p->reply) {
+        p->failure = failure;
+        p->timer.cancel();
+      }
   }
 
   // Sends one request and waits for its reply (status byte stripped).
   asio::awaitable<std::string> request(detail::store_op op, detail::wire_writer args,
                                        std::string operation, std::string key,
                                        clock::time_point deadline) {
+    // The server would drop the connection, failing every pending operation.
+    if (args.bytes().size() + 9 > options_.max_frame_bytes) {
+      auto ctx = context(operation, key);
+      ctx.expected = "a request of at most " + std::to_string(options_.max_frame_bytes) +
+                     " bytes (max_frame_bytes)";
+      ctx.seen = std::to_string(args.bytes().size() + 9) + " bytes";
+      throw error(errc::invalid_argument, ctx);
+    }
     co_await ensure_connected(deadline);
     if (!stream_) std::rethrow_exception(lost_);
     std::uint64_t id = next_id_++;
@@ -662,22 +672,45 @@ class tcp_store final : public store {
       ctx.detail = "the store server did not answer by the deadline";
       throw error(errc::timeout, ctx);
     }
-    detail::wire_reader r(*p->reply);
-    auto status = static_cast<detail::store_status>(r.u8());
-    std::string rest(r.raw(p->reply->size() - 1));
+    std::string rest = std::move(*p->reply);
+    auto status = static_cast<detail::store_status>(
+        decode(rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
+    rest.erase(0, 1);
     if (status == detail::store_status::ok) co_return rest;
-    detail::wire_reader detail_reader(rest);
     if (status == detail::store_status::timeout) {
-      auto ctx = context(operation, detail::join_keys(detail_reader.strs()));
+      auto missing = decode(rest, operation, key, [](detail::wire_reader& r) { return r.strs(); });
+      auto ctx = context(operation, detail::join_keys(missing));
       ctx.detail = "keys still missing at the deadline";
       throw error(errc::timeout, ctx);
     }
-    auto code = static_cast<errc>(detail_reader.u8());
+    // A request the server refused: its error, in this store's context.
     auto ctx = context(operation, key);
-    ctx.expected = detail_reader.str();
-    ctx.seen = detail_reader.str();
-    ctx.detail = detail_reader.str();
+    auto code = decode(rest, operation, key, [&ctx](detail::wire_reader& r) {
+      auto c = static_cast<errc>(r.u8());
+      ctx.expected = r.str();
+      ctx.seen = r.str();
+      ctx.detail = r.str();
+      return c;
+    });
     throw error(code, ctx);
+  }
+
+  // Reads the fields of a reply; one that does not decode is reported with
+  // this store's context.
+  template <typename Parse>
+  auto decode(const std::string& reply, const std::string& operation, const std::string& key,
+              Parse parse, bool whole = true) const
+      -> std::invoke_result_t<Parse&, detail::wire_reader&> {
+    try {
+      detail::wire_reader r(reply);
+      auto value = parse(r);
+      if (whole) r.expect_end();
+      return value;
+    } catch (const dcomm::error& e) {
+      auto ctx = context(operation, key);
+      ctx.detail = "bad reply from the store server: " + e.context().detail;
+      throw error(errc::protocol_error, ctx);
+    }
   }
 
   std::unique_ptr<detail::io_thread> thread_;  // first: destroyed last
