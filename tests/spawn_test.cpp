@@ -3,12 +3,18 @@
 #include "dcomm/spawn.hpp"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "dcomm/detail/hmac.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "support/deadline.hpp"
 
@@ -28,6 +34,61 @@ std::string spawn_error(int n, const std::function<void(int, int)>& fn,
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
+}
+
+// Sets (or, with nullopt, removes) DCOMM_JOB_TOKEN in this process for one
+// scope, so a token in the environment the tests run in changes nothing.
+class scoped_token {
+ public:
+  explicit scoped_token(const std::optional<std::string>& value) {
+    if (const char* old = std::getenv("DCOMM_JOB_TOKEN")) old_ = old;
+    set(value);
+  }
+  scoped_token(const scoped_token&) = delete;
+  scoped_token& operator=(const scoped_token&) = delete;
+  ~scoped_token() { set(old_); }
+
+ private:
+  static void set(const std::optional<std::string>& value) {
+    if (value)
+      ::setenv("DCOMM_JOB_TOKEN", value->c_str(), 1);
+    else
+      ::unsetenv("DCOMM_JOB_TOKEN");
+  }
+  std::optional<std::string> old_;
+};
+
+// Each rank's DCOMM_JOB_TOKEN ("none" when unset), in rank order.
+std::vector<std::string> rank_tokens(int n, dcomm::spawn_options options = {}) {
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+  dcomm::spawn(
+      n,
+      [&](int rank, int) {
+        const char* token = std::getenv("DCOMM_JOB_TOKEN");
+        // One short write per rank: atomic on a pipe, so lines never mix.
+        std::string line = std::to_string(rank) + " " + (token ? token : "none") + "\n";
+        if (::write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+          throw std::runtime_error("write");
+      },
+      options);
+  ::close(fds[1]);
+  std::string all;
+  char buffer[4096];
+  for (ssize_t got; (got = ::read(fds[0], buffer, sizeof buffer)) > 0;)
+    all.append(buffer, static_cast<std::size_t>(got));
+  ::close(fds[0]);
+  std::vector<std::string> tokens(static_cast<std::size_t>(n));
+  std::istringstream lines(all);
+  for (std::string line; std::getline(lines, line);) {
+    auto space = line.find(' ');
+    tokens.at(std::stoul(line.substr(0, space))) = line.substr(space + 1);
+  }
+  return tokens;
+}
+
+bool is_fresh_token(const std::string& t) {
+  return t.size() == 64 && t.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 }  // namespace
@@ -111,4 +172,68 @@ TEST_CASE("spawn: bad input is refused before anything is forked") {
   DCOMM_TEST_DEADLINE(10s);
   CHECK(contains(spawn_error(0, [](int, int) {}), "invalid argument"));
   CHECK(contains(spawn_error(2, [](int, int) {}, {.master_addr = "not-an-ip"}), "master_addr"));
+}
+
+TEST_CASE("spawn: the ranks share a fresh job token; another spawn gets another") {
+  DCOMM_TEST_DEADLINE(30s);
+  scoped_token unset(std::nullopt);
+  auto first = rank_tokens(3);
+  auto second = rank_tokens(3);
+  CHECK(std::set<std::string>(first.begin(), first.end()).size() == 1);
+  CHECK(std::set<std::string>(second.begin(), second.end()).size() == 1);
+  if (dcomm::detail::have_crypto()) {
+    CHECK(is_fresh_token(first[0]));
+    CHECK(is_fresh_token(second[0]));
+    CHECK(first[0] != second[0]);
+  } else {
+    // The ranks would refuse a token at start-up: none is made up.
+    CHECK(first[0] == "none");
+    CHECK(second[0] == "none");
+  }
+  CHECK(std::getenv("DCOMM_JOB_TOKEN") == nullptr);  // the caller's environment is its own
+}
+
+TEST_CASE("spawn: an explicit DCOMM_JOB_TOKEN is passed on unchanged; auth = false gives none") {
+  DCOMM_TEST_DEADLINE(30s);
+  using list = std::vector<std::string>;
+  {
+    scoped_token set("shared secret=1");
+    CHECK(rank_tokens(2) == list{"shared secret=1", "shared secret=1"});
+    CHECK(rank_tokens(2, {.auth = false}) == list{"none", "none"});
+  }
+  scoped_token unset(std::nullopt);
+  CHECK(rank_tokens(2, {.auth = false}) == list{"none", "none"});
+}
+
+TEST_CASE("spawn: the job's store refuses a client without the token; the ranks get in") {
+  DCOMM_TEST_DEADLINE(60s);
+  scoped_token unset(std::nullopt);
+  dcomm::spawn(3, [](int rank, int) {
+    if (rank == 1) {
+      // Knocks on rank 0's store as a stranger would: the same address, no token.
+      auto stranger = dcomm::tcp_store::create(
+          {.host = std::getenv("MASTER_ADDR"),
+           .port = static_cast<std::uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+           .timeout = 20s,
+           .job_token = ""});
+      try {
+        stranger->set("stranger", "was here", dcomm::blocking);
+        if (dcomm::detail::have_crypto()) throw std::runtime_error("the stranger was served");
+      } catch (const dcomm::error& e) {
+        if (e.code() != dcomm::errc::auth_failed) throw;
+      }
+    }
+    auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
+    auto& s = *world.store;
+    s.add("sum", rank + 1, dcomm::blocking);
+    s.set("added/" + std::to_string(rank), "1", dcomm::blocking);
+    std::vector<std::string> all;
+    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);  // rank 1's stranger is done by now
+    if (s.get("sum", dcomm::blocking) != "6") throw std::runtime_error("wrong sum");
+    if (dcomm::detail::have_crypto() &&
+        s.check(std::vector<std::string>{"stranger"}, dcomm::blocking))
+      throw std::runtime_error("the stranger's key got in");
+    dcomm::depart(world, dcomm::blocking);
+  });
 }
