@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -119,6 +120,38 @@ std::vector<std::string> values_of(const std::string& text, const std::string& k
 
 bool is_fresh_token(const std::string& t) {
   return t.size() == 64 && t.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// A process's start time (field 22 of /proc/PID/stat); "" when it is gone or
+// a zombie. A pid with the start time seen earlier is the same process.
+std::string start_time_if_running(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(file, stat)) return "";
+  auto close_paren = stat.rfind(')');  // the command name may hold anything
+  if (close_paren == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close_paren + 1));
+  std::string state, field;
+  fields >> state;  // field 3
+  if (state == "Z" || state == "X") return "";
+  for (int i = 4; i <= 22; ++i) fields >> field;  // fields 4 to 22, the start time
+  return fields ? field : "";
+}
+
+// Waits (a few seconds at most) until none of `processes` (pid, start time)
+// runs any more; returns the pids still running.
+std::vector<pid_t> still_running_after_a_while(
+    const std::vector<std::pair<pid_t, std::string>>& processes) {
+  std::vector<pid_t> running;
+  auto until = std::chrono::steady_clock::now() + 10s;
+  do {
+    running.clear();
+    for (const auto& [pid, started] : processes)
+      if (start_time_if_running(pid) == started) running.push_back(pid);
+    if (running.empty()) break;
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < until);
+  return running;
 }
 
 std::string self_path() {
@@ -382,6 +415,31 @@ TEST_SUITE("launcher") {
     }
   }
 
+  TEST_CASE("SIGKILL to the launcher: its ranks die with it") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::vector<std::pair<pid_t, std::string>> ranks;  // pid, start time
+    auto r = run({"-n", "3", "/bin/sh", "-c", "echo pid=$$; exec sleep 60"},
+                 {.on_output = [&](pid_t launcher_pid, const std::string& out) {
+                   auto pids = values_of(out, "pid");
+                   if (pids.size() < 3) return false;
+                   for (const auto& p : pids) {
+                     auto pid = static_cast<pid_t>(std::stoi(p));
+                     ranks.emplace_back(pid, start_time_if_running(pid));
+                   }
+                   ::kill(launcher_pid, SIGKILL);
+                   return true;
+                 }});
+    INFO(r.out, r.err);
+    CHECK(r.status == 128 + SIGKILL);
+    REQUIRE(ranks.size() == 3);
+    // Not a structured binding: clang 14 cannot capture one in CHECK_MESSAGE.
+    for (const auto& rank : ranks) CHECK_MESSAGE(!rank.second.empty(), "rank pid ", rank.first);
+    auto survivors = still_running_after_a_while(ranks);
+    std::string names;
+    for (pid_t pid : survivors) names += " " + std::to_string(pid);
+    CHECK_MESSAGE(survivors.empty(), "ranks still running after the launcher died:", names);
+    for (pid_t pid : survivors) ::kill(pid, SIGKILL);  // not left behind by a failed test
+  }
 }
 
 int main(int argc, char** argv) {

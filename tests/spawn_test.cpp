@@ -4,10 +4,13 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -89,6 +92,22 @@ std::vector<std::string> rank_tokens(int n, dcomm::spawn_options options = {}) {
 
 bool is_fresh_token(const std::string& t) {
   return t.size() == 64 && t.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// A process's start time (field 22 of /proc/PID/stat); "" when it is gone or
+// a zombie. A pid with the start time seen earlier is the same process.
+std::string start_time_if_running(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(file, stat)) return "";
+  auto close_paren = stat.rfind(')');  // the command name may hold anything
+  if (close_paren == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close_paren + 1));
+  std::string state, field;
+  fields >> state;  // field 3
+  if (state == "Z" || state == "X") return "";
+  for (int i = 4; i <= 22; ++i) fields >> field;  // fields 4 to 22, the start time
+  return fields ? field : "";
 }
 
 }  // namespace
@@ -236,4 +255,60 @@ TEST_CASE("spawn: the job's store refuses a client without the token; the ranks 
       throw std::runtime_error("the stranger's key got in");
     dcomm::depart(world, dcomm::blocking);
   });
+}
+
+TEST_CASE("spawn: the ranks die with the process that spawned them, even by SIGKILL") {
+  DCOMM_TEST_DEADLINE(60s);
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+  std::fflush(nullptr);
+  pid_t parent = ::fork();
+  REQUIRE(parent >= 0);
+  if (parent == 0) {
+    // The spawning process: its ranks say who they are, then sleep far past
+    // the test's limit.
+    ::close(fds[0]);
+    try {
+      dcomm::spawn(3,
+                   [&](int, int) {
+                     pid_t me = ::getpid();
+                     if (::write(fds[1], &me, sizeof me) != sizeof me) return 1;
+                     std::this_thread::sleep_for(std::chrono::minutes(1));
+                     return 0;
+                   },
+                   {.timeout = std::chrono::minutes(2)});
+    } catch (...) {
+    }
+    std::_Exit(0);
+  }
+  ::close(fds[1]);
+  std::vector<std::pair<pid_t, std::string>> ranks;  // pid, start time
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (ranks.size() < 3 && std::chrono::steady_clock::now() < until) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    pid_t pid = 0;
+    if (::read(fds[0], &pid, sizeof pid) != sizeof pid) break;
+    ranks.emplace_back(pid, start_time_if_running(pid));
+  }
+  ::close(fds[0]);
+  ::kill(parent, SIGKILL);
+  ::waitpid(parent, nullptr, 0);
+  REQUIRE(ranks.size() == 3);
+  // Not a structured binding: clang 14 cannot capture one in CHECK_MESSAGE.
+  for (const auto& rank : ranks) CHECK_MESSAGE(!rank.second.empty(), "rank pid ", rank.first);
+
+  std::vector<pid_t> running;
+  until = std::chrono::steady_clock::now() + 10s;
+  do {
+    running.clear();
+    for (const auto& [pid, started] : ranks)
+      if (start_time_if_running(pid) == started) running.push_back(pid);
+    if (running.empty()) break;
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < until);
+  std::string names;
+  for (pid_t pid : running) names += " " + std::to_string(pid);
+  CHECK_MESSAGE(running.empty(), "ranks still running after their parent died:", names);
+  for (pid_t pid : running) ::kill(pid, SIGKILL);  // not left behind by a failed test
 }

@@ -15,7 +15,8 @@
 //
 // The job is authenticated: the ranks share DCOMM_JOB_TOKEN, the one in
 // dcomm-run's environment or, on a single node, a fresh random one (none
-// where dcomm was built without OpenSSL; --no-auth: none at all).
+// where dcomm was built without OpenSSL; --no-auth: none at all). The ranks
+// die with dcomm-run (PR_SET_PDEATHSIG), even when it is killed by SIGKILL.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -232,6 +233,7 @@ int main(int argc, char** argv) {
   args.push_back(nullptr);
 
   std::fflush(nullptr);
+  const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
   std::vector<rank_process> ranks(static_cast<std::size_t>(o.nproc));
   for (int local = 0; local < o.nproc; ++local) {
     auto& r = ranks[static_cast<std::size_t>(local)];
@@ -251,6 +253,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (r.pid == 0) {
+      dcomm::detail::die_with_parent(launcher);  // no rank outlives a killed launcher
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);

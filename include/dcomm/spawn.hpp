@@ -16,7 +16,9 @@
 //
 // The job is authenticated by default: the ranks share a fresh random
 // DCOMM_JOB_TOKEN (unless one is set already, or this build has no OpenSSL),
-// so nobody else who reaches rank 0's store or a rank's port gets in.
+// so nobody else who reaches rank 0's store or a rank's port gets in. The
+// ranks die with the process that spawned them (PR_SET_PDEATHSIG), even when
+// it is killed by SIGKILL.
 #pragma once
 
 #include <arpa/inet.h>
@@ -24,6 +26,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -157,6 +160,15 @@ inline std::optional<std::string> job_token_for_ranks(bool auth, bool may_genera
   return generate_job_token();
 }
 
+// Called in a child right after fork: it is killed when the thread that
+// forked it exits (PR_SET_PDEATHSIG; for a launcher that thread lives as long
+// as the launcher does), and at once if the parent died before the call (the
+// child was then adopted by another process, so getppid() differs).
+inline void die_with_parent(pid_t parent) noexcept {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::raise(SIGKILL);
+}
+
 struct spawned_rank {
   pid_t pid = -1;
   int message_fd = -1;  // the child's exception message, if any
@@ -268,6 +280,9 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
       if (r.message_fd >= 0) ::close(r.message_fd);
   };
 
+  // The ranks' parent-death signal is tied to this thread, which waits here
+  // until every rank is reaped: it only fires if the thread or the process dies.
+  const pid_t parent = ::getpid();
   for (int rank = 0; rank < n; ++rank) {
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -279,6 +294,7 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
     }
     pid_t pid = ::fork();
     if (pid == 0) {
+      detail::die_with_parent(parent);
       // The stop request must stop the rank, whatever the parent's handlers.
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGINT, SIG_DFL);
