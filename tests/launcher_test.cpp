@@ -1,7 +1,9 @@
 // dcomm-run as a user runs it: a child process whose output and exit status
-// are checked. The ranks are /bin/sh scripts, so each test costs processes,
-// not builds. $DCOMM_RUN is the launcher's path (set by meson).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// are checked. Most ranks are /bin/sh scripts, so those tests cost processes,
+// not builds; where a rank must speak dcomm, this very binary is the rank
+// program (`launcher_tests --as-rank ...`, see main). $DCOMM_RUN is the
+// launcher's path (set by meson).
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,10 +14,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dcomm/detail/hmac.hpp"
+#include "dcomm/rendezvous.hpp"
 #include "support/deadline.hpp"
 
 using namespace std::chrono_literals;
@@ -34,10 +42,16 @@ std::string launcher() {
   return path;
 }
 
-// Runs dcomm-run with `args`; `after_start` runs (with the launcher's pid)
-// once it has printed `wait_for` on stdout, e.g. to send it a signal.
-result run(std::vector<std::string> args, const std::string& wait_for = "",
-           void (*after_start)(pid_t) = nullptr) {
+struct launch {
+  // The launcher's environment, changed: "NAME=value" sets, "NAME" removes.
+  std::vector<std::string> env{};
+  // Called with the launcher's pid and its stdout so far, after each read,
+  // until it returns true: e.g. to send a signal once the ranks are ready.
+  std::function<bool(pid_t, const std::string&)> on_output{};
+};
+
+// Runs dcomm-run with `args` until it exits and its output ends.
+result run(std::vector<std::string> args, const launch& how = {}) {
   args.insert(args.begin(), launcher());
   int out[2], err[2];
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
@@ -48,6 +62,13 @@ result run(std::vector<std::string> args, const std::string& wait_for = "",
   if (pid == 0) {
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    for (const auto& e : how.env) {
+      auto eq = e.find('=');
+      if (eq == std::string::npos)
+        ::unsetenv(e.c_str());
+      else
+        ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -57,7 +78,7 @@ result run(std::vector<std::string> args, const std::string& wait_for = "",
   ::close(out[1]);
   ::close(err[1]);
   result r;
-  bool signalled = false;
+  bool watching = static_cast<bool>(how.on_output);
   pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   int open = 2;
   while (open > 0) {
@@ -74,10 +95,7 @@ result run(std::vector<std::string> args, const std::string& wait_for = "",
         (i == 0 ? r.out : r.err).append(buffer, static_cast<std::size_t>(n));
       }
     }
-    if (after_start && !signalled && r.out.find(wait_for) != std::string::npos) {
-      signalled = true;
-      after_start(pid);
-    }
+    if (watching && how.on_output(pid, r.out)) watching = false;
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -88,6 +106,106 @@ result run(std::vector<std::string> args, const std::string& wait_for = "",
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// The values after `key=` on each line, in order.
+std::vector<std::string> values_of(const std::string& text, const std::string& key) {
+  std::vector<std::string> values;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (auto at = line.find(key + "="); at != std::string::npos)
+      values.push_back(line.substr(at + key.size() + 1));
+  return values;
+}
+
+bool is_fresh_token(const std::string& t) {
+  return t.size() == 64 && t.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// A process's start time (field 22 of /proc/PID/stat); "" when it is gone or
+// a zombie. A pid with the start time seen earlier is the same process.
+std::string start_time_if_running(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(file, stat)) return "";
+  auto close_paren = stat.rfind(')');  // the command name may hold anything
+  if (close_paren == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close_paren + 1));
+  std::string state, field;
+  fields >> state;  // field 3
+  if (state == "Z" || state == "X") return "";
+  for (int i = 4; i <= 22; ++i) fields >> field;  // fields 4 to 22, the start time
+  return fields ? field : "";
+}
+
+// Waits (a few seconds at most) until none of `processes` (pid, start time)
+// runs any more; returns the pids still running.
+std::vector<pid_t> still_running_after_a_while(
+    const std::vector<std::pair<pid_t, std::string>>& processes) {
+  std::vector<pid_t> running;
+  auto until = std::chrono::steady_clock::now() + 10s;
+  do {
+    running.clear();
+    for (const auto& [pid, started] : processes)
+      if (start_time_if_running(pid) == started) running.push_back(pid);
+    if (running.empty()) break;
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < until);
+  return running;
+}
+
+std::string self_path() {
+  char path[4096] = {};
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  REQUIRE(n > 0);
+  return std::string(path, static_cast<std::size_t>(n));
+}
+
+const std::string print_token = "echo token=${DCOMM_JOB_TOKEN:-none}";
+
+// The rank program of the store test (`launcher_tests --as-rank` under
+// dcomm-run). Rank 1 first knocks on the job's store as a stranger would,
+// with no token; then every rank joins with what dcomm-run gave it, and they
+// agree on a sum. Rank 0 says whether the stranger's key got in.
+int as_rank() {
+  try {
+    const char* rank_text = std::getenv("RANK");
+    const char* port_text = std::getenv("MASTER_PORT");
+    if (!rank_text || !port_text || !std::getenv("MASTER_ADDR"))
+      throw std::runtime_error("not started by dcomm-run");
+    if (std::string(rank_text) == "1") {
+      auto stranger =
+          dcomm::tcp_store::create({.host = std::getenv("MASTER_ADDR"),
+                                    .port = static_cast<std::uint16_t>(std::atoi(port_text)),
+                                    .timeout = 20s,
+                                    .job_token = ""});
+      try {
+        stranger->set("stranger", "was here", dcomm::blocking);
+        std::printf("stranger: served\n");
+      } catch (const dcomm::error& e) {
+        std::printf("stranger: %s\n", e.code() == dcomm::errc::auth_failed ? "refused" : e.what());
+      }
+      std::fflush(stdout);
+    }
+    auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
+    auto& s = *world.store;
+    s.add("sum", world.rank + 1, dcomm::blocking);
+    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+    std::vector<std::string> all;
+    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);  // rank 1's stranger is done by now
+    std::printf("sum=%s\n", s.get("sum", dcomm::blocking).c_str());
+    if (world.rank == 0)
+      std::printf(
+          "stranger key: %s\n",
+          s.check(std::vector<std::string>{"stranger"}, dcomm::blocking) ? "present" : "absent");
+    std::fflush(stdout);
+    dcomm::depart(world, dcomm::blocking);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -170,11 +288,13 @@ TEST_SUITE("launcher") {
     auto r = run({"-n", "2", "/bin/sh", "-c",
                   "trap 'echo got-term; exit 0' TERM; echo ready; "
                   "while :; do sleep 0.05; done"},
-                 "[1] ready", [](pid_t launcher_pid) {
+                 {.on_output = [](pid_t launcher_pid, const std::string& out) {
+                   if (!has(out, "[1] ready")) return false;
                    // Both ranks must have set their trap: wait for rank 0 too.
                    std::this_thread::sleep_for(300ms);
                    ::kill(launcher_pid, SIGTERM);
-                 });
+                   return true;
+                 }});
     INFO(r.out, r.err);
     CHECK(has(r.out, "[0] got-term"));
     CHECK(has(r.out, "[1] got-term"));
@@ -212,4 +332,119 @@ TEST_SUITE("launcher") {
     CHECK(has(r.err, "ran past --timeout 0.5 s; stopping rank(s) 0 1"));
     CHECK(r.seconds < 15);
   }
+  TEST_CASE("single node: the ranks share a fresh job token; another run gets another") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto job = [] {
+      auto r = run({"-n", "3", "/bin/sh", "-c", print_token}, {.env = {"DCOMM_JOB_TOKEN"}});
+      INFO(r.out, r.err);
+      CHECK(r.status == 0);
+      CHECK(r.err.empty());  // nothing to say, with OpenSSL or without
+      auto tokens = values_of(r.out, "token");
+      REQUIRE(tokens.size() == 3);
+      CHECK(std::set<std::string>(tokens.begin(), tokens.end()).size() == 1);
+      return tokens[0];
+    };
+    auto first = job();
+    auto second = job();
+    if (dcomm::detail::have_crypto()) {
+      CHECK(is_fresh_token(first));
+      CHECK(is_fresh_token(second));
+      CHECK(first != second);
+    } else {
+      // The ranks would refuse a token at start-up: none is made up.
+      CHECK(first == "none");
+      CHECK(second == "none");
+    }
+  }
+
+  TEST_CASE("an explicit DCOMM_JOB_TOKEN is passed on unchanged; --no-auth gives the ranks none") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto tokens_of = [](std::vector<std::string> args, std::vector<std::string> env) {
+      args.insert(args.end(), {"-n", "2", "/bin/sh", "-c", print_token});
+      auto r = run(args, {.env = env});
+      INFO(r.out, r.err);
+      CHECK(r.status == 0);
+      CHECK(r.err.empty());
+      return values_of(r.out, "token");
+    };
+    using list = std::vector<std::string>;
+    CHECK(tokens_of({}, {"DCOMM_JOB_TOKEN=shared secret=1"}) ==
+          list{"shared secret=1", "shared secret=1"});
+    CHECK(tokens_of({"--no-auth"}, {"DCOMM_JOB_TOKEN"}) == list{"none", "none"});
+    CHECK(tokens_of({"--no-auth"}, {"DCOMM_JOB_TOKEN=shared"}) == list{"none", "none"});
+  }
+
+  TEST_CASE(
+      "multi-node: no token is made up (other nodes could not know it); a shared one is passed "
+      "on") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto node = [](std::vector<std::string> args, std::vector<std::string> env) {
+      args.insert(args.end(), {"--nnodes", "2", "--node-rank", "1", "--master-port", "29999", "-n",
+                               "2", "/bin/sh", "-c", print_token});
+      return run(args, {.env = env});
+    };
+    auto open = node({}, {"DCOMM_JOB_TOKEN"});
+    INFO(open.out, open.err);
+    CHECK(open.status == 0);
+    CHECK(values_of(open.out, "token") == std::vector<std::string>{"none", "none"});
+    // Said once, so a torchrun user's job still runs but knows it is open.
+    CHECK(has(open.err, "not authenticated; set the same token on every node") ==
+          dcomm::detail::have_crypto());
+    auto shared = node({}, {"DCOMM_JOB_TOKEN=cluster-token"});
+    CHECK(shared.status == 0);
+    CHECK(values_of(shared.out, "token") ==
+          std::vector<std::string>{"cluster-token", "cluster-token"});
+    CHECK(shared.err.empty());
+    auto quiet = node({"--no-auth"}, {"DCOMM_JOB_TOKEN"});
+    CHECK(quiet.status == 0);
+    CHECK(quiet.err.empty());
+  }
+
+  TEST_CASE("the job's store refuses a client without the token; the ranks get in") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto r = run({"-n", "3", self_path(), "--as-rank"}, {.env = {"DCOMM_JOB_TOKEN"}});
+    INFO(r.out, r.err);
+    CHECK(r.status == 0);
+    for (int rank = 0; rank < 3; ++rank)
+      CHECK(has(r.out, "[" + std::to_string(rank) + "] sum=6\n"));
+    if (dcomm::detail::have_crypto()) {
+      CHECK(has(r.out, "[1] stranger: refused\n"));
+      CHECK(has(r.out, "[0] stranger key: absent\n"));
+    } else {
+      CHECK(has(r.out, "[1] stranger: served\n"));  // no token without OpenSSL: as before
+    }
+  }
+
+  TEST_CASE("SIGKILL to the launcher: its ranks die with it") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::vector<std::pair<pid_t, std::string>> ranks;  // pid, start time
+    auto r = run({"-n", "3", "/bin/sh", "-c", "echo pid=$$; exec sleep 60"},
+                 {.on_output = [&](pid_t launcher_pid, const std::string& out) {
+                   auto pids = values_of(out, "pid");
+                   if (pids.size() < 3) return false;
+                   for (const auto& p : pids) {
+                     auto pid = static_cast<pid_t>(std::stoi(p));
+                     ranks.emplace_back(pid, start_time_if_running(pid));
+                   }
+                   ::kill(launcher_pid, SIGKILL);
+                   return true;
+                 }});
+    INFO(r.out, r.err);
+    CHECK(r.status == 128 + SIGKILL);
+    REQUIRE(ranks.size() == 3);
+    // Not a structured binding: clang 14 cannot capture one in CHECK_MESSAGE.
+    for (const auto& rank : ranks) CHECK_MESSAGE(!rank.second.empty(), "rank pid ", rank.first);
+    auto survivors = still_running_after_a_while(ranks);
+    std::string names;
+    for (pid_t pid : survivors) names += " " + std::to_string(pid);
+    CHECK_MESSAGE(survivors.empty(), "ranks still running after the launcher died:", names);
+    for (pid_t pid : survivors) ::kill(pid, SIGKILL);  // not left behind by a failed test
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
+  doctest::Context context;
+  context.applyCommandLine(argc, argv);
+  return context.run();
 }

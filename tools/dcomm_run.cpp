@@ -12,6 +12,11 @@
 // stopped (SIGTERM, SIGKILL after --grace seconds) and dcomm-run exits with
 // that rank's status (128 + signal for a signal), saying which rank failed
 // and how. --timeout bounds the whole job (exit 124). Usage errors: exit 2.
+//
+// The job is authenticated: the ranks share DCOMM_JOB_TOKEN, the one in
+// dcomm-run's environment or, on a single node, a fresh random one (none
+// where dcomm was built without OpenSSL; --no-auth: none at all). The ranks
+// die with dcomm-run (PR_SET_PDEATHSIG), even when it is killed by SIGKILL.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -42,6 +47,7 @@ struct options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free one (node 0 only)
   bool prefix = true;
+  bool auth = true;
   double grace = 5;
   double timeout = 0;  // 0: none
   std::vector<std::string> command;
@@ -51,8 +57,8 @@ struct options {
   if (!problem.empty()) std::fprintf(stderr, "dcomm-run: %s\n", problem.c_str());
   std::fprintf(stderr,
                "usage: dcomm-run [-n N] [--nnodes N --node-rank I] [--master-addr ADDR]\n"
-               "                 [--master-port PORT] [--no-prefix] [--grace SECONDS]\n"
-               "                 [--timeout SECONDS] [--] PROGRAM [ARGS...]\n");
+               "                 [--master-port PORT] [--no-prefix] [--no-auth]\n"
+               "                 [--grace SECONDS] [--timeout SECONDS] [--] PROGRAM [ARGS...]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
 
@@ -84,6 +90,10 @@ options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") usage("");
     if (a == "--no-prefix") {
       o.prefix = false;
+      continue;
+    }
+    if (a == "--no-auth") {
+      o.auth = false;
       continue;
     }
     std::string v;
@@ -183,6 +193,20 @@ int exit_code_of(int status) {
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   const int world = o.nnodes * o.nproc;
+  // Only a single node can make the token up: the launchers of other nodes
+  // have no safe way to learn it, so a multi-node job brings its own.
+  std::optional<std::string> token;
+  try {
+    token = dcomm::detail::job_token_for_ranks(o.auth, o.nnodes == 1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dcomm-run: %s\n", e.what());
+    return 1;
+  }
+  if (o.auth && !token && o.nnodes > 1 && dcomm::detail::have_crypto())
+    std::fprintf(stderr,
+                 "dcomm-run: note: DCOMM_JOB_TOKEN is not set, so this multi-node job is not "
+                 "authenticated; set the same token on every node (or pass --no-auth to run it "
+                 "open without this note)\n");
   int listen_fd = -1;
   int port = o.master_port;
   if (port == 0) {
@@ -209,6 +233,7 @@ int main(int argc, char** argv) {
   args.push_back(nullptr);
 
   std::fflush(nullptr);
+  const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
   std::vector<rank_process> ranks(static_cast<std::size_t>(o.nproc));
   for (int local = 0; local < o.nproc; ++local) {
     auto& r = ranks[static_cast<std::size_t>(local)];
@@ -228,6 +253,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (r.pid == 0) {
+      dcomm::detail::die_with_parent(launcher);  // no rank outlives a killed launcher
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);
@@ -243,6 +269,10 @@ int main(int argc, char** argv) {
       set("GROUP_RANK", std::to_string(o.node_rank));
       set("MASTER_ADDR", o.master_addr);
       set("MASTER_PORT", std::to_string(port));
+      if (token)
+        set("DCOMM_JOB_TOKEN", *token);
+      else
+        ::unsetenv("DCOMM_JOB_TOKEN");
       if (r.rank == 0 && listen_fd >= 0) {
         ::fcntl(listen_fd, F_SETFD, 0);
         set("DCOMM_MASTER_LISTEN_FD", std::to_string(listen_fd));

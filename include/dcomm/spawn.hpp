@@ -13,6 +13,12 @@
 // rank fails (exception, non-zero exit, signal), the others are stopped
 // (SIGTERM, then SIGKILL after a grace period) and spawn throws
 // errc::rank_failed naming the rank, how it ended and its exception message.
+//
+// The job is authenticated by default: the ranks share a fresh random
+// DCOMM_JOB_TOKEN (unless one is set already, or this build has no OpenSSL),
+// so nobody else who reaches rank 0's store or a rank's port gets in. The
+// ranks die with the process that spawned them (PR_SET_PDEATHSIG), even when
+// it is killed by SIGKILL.
 #pragma once
 
 #include <arpa/inet.h>
@@ -20,6 +26,8 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,14 +36,17 @@
 #include <chrono>
 #include <concepts>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "dcomm/detail/hmac.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm {
@@ -47,6 +58,11 @@ struct spawn_options {
   std::chrono::milliseconds timeout = std::chrono::hours(24);
   // Between SIGTERM and SIGKILL when the others are stopped.
   std::chrono::milliseconds grace = std::chrono::seconds(5);
+  // Authenticate the job: the ranks get a fresh random DCOMM_JOB_TOKEN,
+  // or the one already set in this process's environment. Nothing is
+  // generated where this build has no OpenSSL (a token would be refused).
+  // false: the ranks get no token at all, and anyone may join the job.
+  bool auth = true;
 };
 
 namespace detail {
@@ -82,6 +98,75 @@ inline std::pair<int, std::uint16_t> listen_on_free_port(const std::string& addr
   }
   auto port = storage.ss_family == AF_INET ? ntohs(v4->sin_port) : ntohs(v6->sin6_port);
   return {fd, port};
+}
+
+// 32 bytes from the kernel's random generator, hex-encoded (64 characters):
+// getrandom(2), or /dev/urandom where that system call fails (a kernel
+// without it, a seccomp filter that refuses it).
+inline std::string generate_job_token() {
+  unsigned char bytes[32];
+  std::size_t have = 0;
+  int err = 0;
+  // Fills bytes[have..] from `read_some`, retrying interrupted calls.
+  auto fill = [&](auto read_some) {
+    while (have < sizeof(bytes)) {
+      ssize_t n = read_some(bytes + have, sizeof(bytes) - have);
+      if (n > 0) {
+        have += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        err = n < 0 ? errno : EIO;
+        return;
+      }
+    }
+  };
+  fill([](unsigned char* at, std::size_t size) { return ::getrandom(at, size, 0); });
+  if (have < sizeof(bytes)) {
+    have = 0;
+    int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      err = errno;
+    } else {
+      fill([fd](unsigned char* at, std::size_t size) { return ::read(fd, at, size); });
+      ::close(fd);
+    }
+  }
+  // Never a weaker token, nor silently none: the caller asked for one.
+  if (have < sizeof(bytes))
+    throw_error(errc::unsupported,
+                {.operation = "generate job token",
+                 .key = "DCOMM_JOB_TOKEN",
+                 .detail = std::string("no random bytes from the system: ") + std::strerror(err)});
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += hex[b >> 4];
+    token += hex[b & 15];
+  }
+  return token;
+}
+
+// The DCOMM_JOB_TOKEN a launcher gives its ranks; std::nullopt: none (the
+// variable is removed from their environment). A non-empty token already in
+// the environment is passed on as it is (another launcher's, or one shared by
+// every node of a multi-node job). Otherwise a fresh one when `may_generate`,
+// and only where this build has OpenSSL: without it the ranks would refuse
+// the token at start-up, so the job stays unauthenticated as before.
+inline std::optional<std::string> job_token_for_ranks(bool auth, bool may_generate) {
+  if (!auth) return std::nullopt;
+  if (const char* set = std::getenv("DCOMM_JOB_TOKEN"); set && *set) return std::string(set);
+  if (!may_generate || !have_crypto()) return std::nullopt;
+  return generate_job_token();
+}
+
+// Called in a child right after fork: it is killed when the thread that
+// forked it exits (PR_SET_PDEATHSIG; for a launcher that thread lives as long
+// as the launcher does), and at once if the parent died before the call (the
+// child was then adopted by another process, so getppid() differs).
+inline void die_with_parent(pid_t parent) noexcept {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::raise(SIGKILL);
 }
 
 struct spawned_rank {
@@ -149,6 +234,8 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
   if (n < 1)
     throw_error(errc::invalid_argument,
                 {.operation = "spawn", .expected = "at least 1 rank", .seen = std::to_string(n)});
+  // One token for the whole job, chosen before anything needs cleaning up.
+  const std::optional<std::string> token = detail::job_token_for_ranks(options.auth, true);
   // Plain variables, not a structured binding: clang 14 cannot capture one.
   const auto listening = detail::listen_on_free_port(options.master_addr);
   const int listen_fd = listening.first;
@@ -193,6 +280,9 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
       if (r.message_fd >= 0) ::close(r.message_fd);
   };
 
+  // The ranks' parent-death signal is tied to this thread, which waits here
+  // until every rank is reaped: it only fires if the thread or the process dies.
+  const pid_t parent = ::getpid();
   for (int rank = 0; rank < n; ++rank) {
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -204,6 +294,7 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
     }
     pid_t pid = ::fork();
     if (pid == 0) {
+      detail::die_with_parent(parent);
       // The stop request must stop the rank, whatever the parent's handlers.
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGINT, SIG_DFL);
@@ -216,6 +307,10 @@ void spawn(int n, F&& fn, const spawn_options& options = {}) {
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      if (token)
+        ::setenv("DCOMM_JOB_TOKEN", token->c_str(), 1);
+      else
+        ::unsetenv("DCOMM_JOB_TOKEN");
       if (rank == 0) {
         ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(listen_fd).c_str(), 1);
       } else {
