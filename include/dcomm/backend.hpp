@@ -186,6 +186,9 @@ concept backend = requires {
   { b.rank() } -> std::convertible_to<int>;
   { b.world_size() } -> std::convertible_to<int>;
   {b.abort()};
+  // The last communicator handle went away: release everything; call the
+  // function (on the backend's executor) once nothing is in use any more.
+  {b.close(std::function<void()>{})};
   // Throws errc::invalid_argument for a tensor the backend cannot take (host
   // memory for NCCL, device memory for tcp, a dtype it cannot carry); the
   // front end calls it before anything is sent.

@@ -836,14 +836,13 @@ class communicator {
   struct closer {
     std::shared_ptr<runtime> rt;
     ~closer() {
-      rt->backend->close();
-      if (rt->thread && !detail::running_in_this_thread(rt->backend->get_executor())) {
-        // Our own io thread: let the close run before the thread stops.
-        auto done = std::make_shared<std::promise<void>>();
-        auto future = done->get_future();
-        asio::post(rt->backend->get_executor(), [done] { done->set_value(); });
+      auto done = std::make_shared<std::promise<void>>();
+      auto future = done->get_future();
+      rt->backend->close([done] { done->set_value(); });
+      // Our own io thread: let the close finish (links flushed and closed,
+      // bounded by the backend) before the thread and its context stop.
+      if (rt->thread && !detail::running_in_this_thread(rt->backend->get_executor()))
         future.wait_for(std::chrono::seconds(5));
-      }
     }
   };
 

@@ -446,8 +446,11 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
   // The last communicator handle is gone: finalize and destroy the NCCL
   // communicators (abort those that do not finish within 10 s).
-  void close() {
-    asio::dispatch(ex_, [self = shared_from_this()] { self->release(false); });
+  void close(std::function<void()> closed = {}) {
+    asio::dispatch(ex_, [self = shared_from_this(), closed = std::move(closed)] {
+      self->release(false);
+      if (closed) closed();
+    });
   }
 
   // This rank's GPU only; every dtype of dcomm is one NCCL carries.

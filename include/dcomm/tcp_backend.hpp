@@ -212,9 +212,11 @@ class tcp_backend {
   void abort() {
     asio::dispatch(ex_, [net = net_] { net->abort(); });
   }
-  // Called by the last communicator handle going away.
-  void close() {
-    asio::dispatch(ex_, [net = net_] { net->close(); });
+  // Called by the last communicator handle going away; `closed` runs on
+  // the executor once every link is closed (its queued frames flushed).
+  void close(std::function<void()> closed = {}) {
+    asio::dispatch(
+        ex_, [net = net_, closed = std::move(closed)]() mutable { net->close(std::move(closed)); });
   }
 
   // Refuses, before the call takes a sequence number, an algorithm the

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <span>
@@ -580,9 +581,13 @@ class transport : public std::enable_shared_from_this<transport> {
   // every link in order: what is queued (the fail frames of a call that
   // just failed among it) goes out first, then a goodbye naming the first
   // failure this rank saw. A link still busy after `close_grace` is cut.
-  void close() {
-    if (closed_ || aborted_) return;
+  void close(std::function<void()> closed = {}) {
+    if (closed_ || aborted_) {
+      if (closed) closed();
+      return;
+    }
     closed_ = true;
+    on_closed_ = std::move(closed);
     for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::closed, *op, {}, "the communicator was destroyed"));
     say_goodbye();
@@ -593,12 +598,23 @@ class transport : public std::enable_shared_from_this<transport> {
       else
         busy = true;  // on_written closes it
     }
+    if (std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
+      return closed_all();  // also when none was open (a world of one)
     if (!busy) return;
-    close_timer_.expires_after(close_grace);
-    close_timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    // Owned by its handler, not by the transport: a timer must not outlive
+    // its io_context, and the transport may.
+    auto cut = std::make_shared<asio::steady_timer>(ex_, close_grace);
+    close_timer_ = cut;
+    cut->async_wait([self = shared_from_this(), cut](const asio::error_code& ec) {
       if (ec) return;  // every link closed in order
       for (auto& l : self->links_) self->close_link(*l);
     });
+  }
+
+  // After close(): the last link is closed.
+  void closed_all() {
+    if (auto cut = close_timer_.lock()) cut->cancel();
+    if (auto closed = std::exchange(on_closed_, {})) closed();
   }
 
   static constexpr auto close_grace = std::chrono::seconds(2);
@@ -1115,10 +1131,12 @@ class transport : public std::enable_shared_from_this<transport> {
 
   void close_link(link& l) {
     asio::error_code ignored;
-    if (l.socket.is_open()) {
-      l.socket.shutdown(tcp::socket::shutdown_both, ignored);
-      l.socket.close(ignored);
-    }
+    if (!l.socket.is_open()) return;
+    l.socket.shutdown(tcp::socket::shutdown_both, ignored);
+    l.socket.close(ignored);
+    if (closed_ &&
+        std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
+      closed_all();
   }
 
   // The connection to `peer` is gone: everything that needs it fails.
@@ -1217,11 +1235,7 @@ class transport : public std::enable_shared_from_this<transport> {
       return;
     }
     start_write(peer);
-    if (closed_ && l.batch == 0) {  // flushed after close(): now close it
-      close_link(l);
-      if (std::all_of(links_.begin(), links_.end(), [](auto& k) { return k->batch == 0; }))
-        close_timer_.cancel();
-    }
+    if (closed_ && l.batch == 0) close_link(l);  // flushed after close(): now close it
   }
 
   // Reading: one coroutine per peer parses frames out of a staging buffer;
@@ -1522,7 +1536,8 @@ class transport : public std::enable_shared_from_this<transport> {
   // The first failure this rank saw and whom it blamed: said in goodbyes.
   fail_reason first_reason_ = fail_reason::none;
   int first_culprit_ = -1;
-  asio::steady_timer close_timer_{ex_};
+  std::weak_ptr<asio::steady_timer> close_timer_;  // close(): cuts links still busy
+  std::function<void()> on_closed_;                // close(): every link is closed
   std::uint64_t next_id_ = 0;
   bool aborted_ = false;
   bool closed_ = false;
