@@ -17,10 +17,11 @@
 //   - handshakes every incoming connection in a coroutine of its own, with
 //     its own deadline (handshake_timeout, bounded by the overall one): a
 //     silent or slow stranger holds only itself up;
-//   - keeps at most max_pending_handshakes in flight: a new connection
-//     beyond that closes the oldest one in flight (a real peer sends its
-//     hello at once and needs one round trip, so a flood of idle
-//     connections cannot keep it out; one dropped anyway reconnects);
+//   - keeps at most max_pending_handshakes in flight. A new connection
+//     beyond that closes the oldest one that has sent nothing yet: a real
+//     peer sends its hello at once, so a flood of idle connections cannot
+//     push it out. When every one in flight has spoken, the newcomer is
+//     closed instead (a real peer reconnects: see below);
 //   - gives a rank's place to a connection only at the verdict, once it has
 //     passed every check (with a token: proved it holds the token), so a
 //     stranger claiming a real rank cannot lock the real one out. Without a
@@ -245,8 +246,11 @@ struct acceptance {
   std::vector<bool> taken;  // a proven peer holds (or is being given) the place
   int connected = 0;
   bool finished = false;
-  // Handshakes in flight, oldest first; the sockets live in their coroutines.
-  std::map<std::uint64_t, tcp::socket*> in_flight;
+  // Handshakes in flight, not yet admitted; the sockets live in their
+  // coroutines. Those whose peer has sent nothing yet, oldest first, may
+  // be dropped to make room; those that have spoken end by their deadline.
+  std::map<std::uint64_t, tcp::socket*> silent;
+  std::map<std::uint64_t, tcp::socket*> talking;
   std::uint64_t next_id = 0;
   asio::steady_timer done;  // connect_mesh waits on it: cancelled when all are in
   // Why the last connection claiming each missing rank failed.
@@ -254,14 +258,17 @@ struct acceptance {
   int logged = 0;
 
   int expected() const { return world - 1 - rank; }
+  std::size_t in_flight() const { return silent.size() + talking.size(); }
 
   // Stops accepting and drops every handshake in flight.
   void finish() {
     finished = true;
     asio::error_code ignored;
     acceptor.close(ignored);
-    for (auto& [id, socket] : in_flight) socket->close(ignored);
-    in_flight.clear();
+    for (auto* group : {&silent, &talking}) {
+      for (auto& [id, socket] : *group) socket->close(ignored);
+      group->clear();
+    }
     done.cancel();
   }
 
@@ -303,13 +310,13 @@ struct acceptance {
 
 inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
-  st->in_flight[id] = &socket;
+  st->silent[id] = &socket;
   asio::error_code ec;
   auto remote = socket.remote_endpoint(ec);  // fails if the peer has already gone
   const std::string address = ec ? std::string("an unknown address") : endpoint_address(remote);
   socket.set_option(tcp::no_delay(true), ec);
   int reserved = -1;
-  handshake_admit admit = [&st, &reserved](const handshake_peer& peer) -> std::string {
+  handshake_admit admit = [&st, &reserved, id](const handshake_peer& peer) -> std::string {
     if (peer.rank <= st->rank || peer.rank >= st->world)
       return "rank " + std::to_string(st->rank) + " accepts ranks " +
              std::to_string(st->rank + 1) + " to " + std::to_string(st->world - 1) +
@@ -319,17 +326,31 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
              std::to_string(st->rank);
     st->taken[static_cast<std::size_t>(peer.rank)] = true;
     reserved = peer.rank;
+    // Proven, and about to hear "accepted": never dropped from now on, or
+    // the peer would think itself connected to a closed socket. (At most
+    // one per missing rank, so the bound on handshakes still holds.)
+    st->talking.erase(id);
     return {};
   };
   const auto deadline = std::min(st->deadline, clock::now() + st->handshake_timeout);
   std::exception_ptr failure;
   handshake_peer peer;
   try {
+    // Until the peer says something: meanwhile it may be dropped.
+    error_context on_timeout{.operation = "handshake (" + st->config.purpose + ")",
+                             .address = address};
+    co_await with_deadline(socket.async_wait(tcp::socket::wait_read, asio::use_awaitable),
+                           deadline, on_timeout, [&socket] {
+                             asio::error_code ignored;
+                             socket.cancel(ignored);
+                           });
+    if (st->silent.erase(id) > 0) st->talking[id] = &socket;
     peer = co_await server_handshake(socket, st->config, address, deadline, std::move(admit));
   } catch (...) {
     failure = std::current_exception();
   }
-  const bool dropped = st->in_flight.erase(id) == 0;  // by finish() or to make room
+  // In neither group any more, yet never admitted: dropped to make room.
+  const bool dropped = st->silent.erase(id) + st->talking.erase(id) == 0 && reserved < 0;
   if (st->finished) co_return;
   if (!failure) {
     st->sockets[static_cast<std::size_t>(peer.rank)] = std::move(socket);
@@ -343,6 +364,26 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
     co_return;
   }
   st->note_failure(failure, address);
+}
+
+// Drops the oldest connection in flight that has sent nothing; false if
+// there is none. One whose bytes wait unread has spoken, though its
+// coroutine has not seen it yet: a real peer's hello is usually there by the
+// time it is accepted, so it is never the one dropped.
+inline bool make_room(acceptance& st) {
+  while (!st.silent.empty()) {
+    auto oldest = st.silent.begin();
+    asio::error_code ec;
+    if (oldest->second->available(ec) > 0 && !ec) {
+      st.talking.insert(*oldest);
+      st.silent.erase(oldest);
+      continue;
+    }
+    oldest->second->close(ec);
+    st.silent.erase(oldest);
+    return true;
+  }
+  return false;
 }
 
 inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
@@ -360,11 +401,13 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    if (st->in_flight.size() >= st->max_pending) {
-      // Make room: the oldest handshake in flight has had the longest.
-      auto oldest = st->in_flight.begin();
-      oldest->second->close(ec);
-      st->in_flight.erase(oldest);
+    if (st->in_flight() >= st->max_pending && !mesh_detail::make_room(*st)) {
+      // Everyone in flight has spoken: the newcomer waits its turn (a real
+      // peer reconnects; a stranger's handshake ends by its deadline).
+      log(log_level::debug, "tcp mesh (rank " + std::to_string(st->rank) +
+                                "): too many handshakes in flight; closed a new connection");
+      socket.close(ec);
+      continue;
     }
     asio::co_spawn(executor, handshake_one(st, std::move(socket)), asio::detached);
   }
