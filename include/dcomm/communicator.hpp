@@ -1155,30 +1155,51 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
 }
 
+// Both entry points end in rethrow_as_dcomm_error: every failure is fixed
+// at its source to be a dcomm::error with context, and a raw
+// std::system_error that still gets this far (a socket error on a path
+// nobody foresaw) leaves as a dcomm::error naming the rank and the address,
+// its original message kept.
 template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                                                         std::shared_ptr<io_thread> thread) {
   auto ex = co_await asio::this_coro::executor;
-  rendezvous_options ro{.init_method = o.init_method,
-                        .rank = o.rank,
-                        .world_size = o.world_size,
-                        .timeout = o.timeout,
-                        .job_token = o.job_token,
-                        .bind_host = o.store_bind_host,
-                        .env = o.env};
-  auto world = co_await rendezvous(ex, std::move(ro), asio::use_awaitable);
-  co_return co_await connect_world<Backend>(world.store, world.rank, world.world_size,
-                                            world.spec.host, std::move(o), std::move(thread));
+  error_context where{.operation = "init_process_group", .rank = o.rank, .address = o.init_method};
+  std::exception_ptr failure;
+  try {
+    rendezvous_options ro{.init_method = o.init_method,
+                          .rank = o.rank,
+                          .world_size = o.world_size,
+                          .timeout = o.timeout,
+                          .job_token = o.job_token,
+                          .bind_host = o.store_bind_host,
+                          .env = o.env};
+    auto world = co_await rendezvous(ex, std::move(ro), asio::use_awaitable);
+    where.rank = world.rank;
+    where.address = world.spec.address();
+    co_return co_await connect_world<Backend>(world.store, world.rank, world.world_size,
+                                              world.spec.host, std::move(o), std::move(thread));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  rethrow_as_dcomm_error(failure, std::move(where));
 }
 
 template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s, int rank,
                                                        int world, init_options<Backend> o,
                                                        std::shared_ptr<io_thread> thread) {
-  rendezvous_options ro{.timeout = o.timeout, .job_token = o.job_token};
-  co_await rendezvous(s, rank, world, std::move(ro), asio::use_awaitable);
-  co_return co_await connect_world<Backend>(std::move(s), rank, world, "", std::move(o),
-                                            std::move(thread));
+  error_context where{.operation = "init_process_group", .rank = rank, .address = s->address()};
+  std::exception_ptr failure;
+  try {
+    rendezvous_options ro{.timeout = o.timeout, .job_token = o.job_token};
+    co_await rendezvous(s, rank, world, std::move(ro), asio::use_awaitable);
+    co_return co_await connect_world<Backend>(std::move(s), rank, world, "", std::move(o),
+                                              std::move(thread));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  rethrow_as_dcomm_error(failure, std::move(where));
 }
 
 }  // namespace detail

@@ -25,6 +25,7 @@
 
 #include "dcomm/completion.hpp"
 #include "dcomm/detail/log.hpp"
+#include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/store/file_store.hpp"
@@ -218,7 +219,17 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
       throw error(e.code(), ctx);
     }
   }
-  co_await join_world(result.store, spec.rank, spec.world_size, spec.address(), options);
+  // The store's own errors are dcomm::errors; a raw socket error from a
+  // path nobody foresaw leaves as one too, naming this rank and the store.
+  std::exception_ptr failure;
+  try {
+    co_await join_world(result.store, spec.rank, spec.world_size, spec.address(), options);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure)
+    rethrow_as_dcomm_error(failure,
+                           {.operation = "rendezvous", .rank = spec.rank, .address = spec.address()});
   co_return result;
 }
 
@@ -275,7 +286,15 @@ auto rendezvous(std::shared_ptr<store> s, int rank, int world_size, rendezvous_o
       executor,
       [](std::shared_ptr<store> s, int rank, int world, std::string address,
          rendezvous_options options) -> asio::awaitable<void> {
-        co_await detail::join_world(std::move(s), rank, world, std::move(address), options);
+        std::exception_ptr failure;
+        try {
+          co_await detail::join_world(std::move(s), rank, world, address, options);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        if (failure)
+          detail::rethrow_as_dcomm_error(
+              failure, {.operation = "rendezvous", .rank = rank, .address = address});
       }(std::move(s), rank, world_size, std::move(address), std::move(options)),
       std::forward<Token>(token), "rendezvous", limit);
 }

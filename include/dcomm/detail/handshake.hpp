@@ -6,9 +6,15 @@
 //
 //   client -> server  hello:   "DCMH" u16 version, str purpose, i32 rank, nonce_c[32]
 //   server -> client  offer:   "DCMH" u16 version, u8 auth, nonce_s[32]
-//   client -> server  proof:   u8 has_mac, mac_c[32] = HMAC(token, "dcomm-client" purpose nonce_s
-//   nonce_c) server -> client  verdict: u8 accepted, str reason, mac_s[32] = HMAC(token,
-//   "dcomm-server" ...)
+//   client -> server  proof:   u8 kind, mac_c[32] = HMAC(token, "dcomm-client" purpose nonce_s
+//                              nonce_c)
+//   server -> client  verdict: u8 accepted, str reason, mac_s[32] = HMAC(token,
+//                              "dcomm-server" ...)
+//
+// The proof's kind is 1 with a MAC; 0 when the client has no token; 2 when
+// the client holds a token and the server asks for none: the client leaves,
+// and the server learns why (so both sides of a job where one rank lacks
+// the token can say so), instead of seeing a bare end of file.
 //
 // Each side authenticates the other (mutual), labels keep a reflected proof
 // from verifying, and fresh nonces on both sides defeat replay. A client with
@@ -17,6 +23,8 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +37,9 @@ namespace dcomm::detail {
 inline constexpr std::string_view handshake_magic = "DCMH";
 inline constexpr std::uint16_t protocol_version = 1;
 inline constexpr std::size_t max_purpose_length = 64;
+inline constexpr std::uint8_t proof_none = 0;
+inline constexpr std::uint8_t proof_mac = 1;
+inline constexpr std::uint8_t proof_refuses_server = 2;
 
 struct handshake_config {
   std::string purpose{};  // "store", "tcp_backend", ...
@@ -50,14 +61,20 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
 inline asio::awaitable<void> write_all(tcp::socket& socket, std::string bytes,
                                        clock::time_point deadline, const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
-                         deadline, ctx, [&socket] { socket.cancel(); });
+                         deadline, ctx, [&socket] {
+                           asio::error_code ignored;
+                           socket.cancel(ignored);
+                         });
 }
 
 inline asio::awaitable<std::string> read_n(tcp::socket& socket, std::size_t n,
                                            clock::time_point deadline, const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
-                         deadline, ctx, [&socket] { socket.cancel(); });
+                         deadline, ctx, [&socket] {
+                           asio::error_code ignored;
+                           socket.cancel(ignored);
+                         });
   co_return bytes;
 }
 
@@ -69,12 +86,22 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<unsigned char>(s[i]);
 }
 
-}  // namespace handshake_detail
+// A proof without a MAC, sent by a client that is leaving, so that the
+// server can name the reason. Best effort: the client fails either way.
+inline asio::awaitable<void> send_bare_proof(tcp::socket& socket, std::uint8_t kind,
+                                             clock::time_point deadline,
+                                             const error_context& ctx) {
+  wire_writer proof;
+  proof.u8(kind).raw(std::string(32, '\0'));
+  try {
+    co_await write_all(socket, std::move(proof.bytes()), deadline, ctx);
+  } catch (const std::exception&) {
+  }
+}
 
-// Client side. Throws auth_failed / protocol_error / timeout naming `address`.
-inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handshake_config& config,
-                                              std::string address, clock::time_point deadline) {
-  using namespace handshake_detail;
+inline asio::awaitable<void> client_steps(tcp::socket& socket, const handshake_config& config,
+                                          const std::string& address,
+                                          clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
                     .address = address};
@@ -102,17 +129,19 @@ inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handsha
   nonce nonce_s{};
   copy_into(nonce_s, r.raw(32));
   if (!config.token.empty() && !auth) {
+    co_await send_bare_proof(socket, proof_refuses_server, deadline, ctx);
     ctx.detail =
         "DCOMM_JOB_TOKEN is set but the server does not ask for it; refusing to join an "
         "unauthenticated server";
     throw error(errc::auth_failed, ctx);
   }
   if (auth && config.token.empty()) {
+    co_await send_bare_proof(socket, proof_none, deadline, ctx);
     ctx.detail = "the server requires a job token; set DCOMM_JOB_TOKEN to the job's token";
     throw error(errc::auth_failed, ctx);
   }
   wire_writer proof;
-  proof.u8(auth ? 1 : 0);
+  proof.u8(auth ? proof_mac : proof_none);
   digest mac_c{};
   if (auth)
     mac_c =
@@ -143,17 +172,49 @@ inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handsha
   }
 }
 
+}  // namespace handshake_detail
+
+// Client side. Throws auth_failed (refused, or the tokens disagree),
+// protocol_error / mismatch (not a dcomm server of this version), timeout,
+// and peer_lost when the connection breaks halfway (reset, end of file):
+// always a dcomm::error naming `address`, never a raw socket error.
+inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handshake_config& config,
+                                              std::string address, clock::time_point deadline) {
+  std::exception_ptr failure;
+  try {
+    co_await handshake_detail::client_steps(socket, config, address, deadline);
+    co_return;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  rethrow_as_dcomm_error(
+      failure, {.operation = "handshake (" + config.purpose + ")",
+                .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
+                .address = address,
+                .detail = "the connection broke during the handshake"});
+}
+
 struct handshake_peer {
   int rank = -1;
   std::string purpose{};
 };
 
+// Decides, once the client has proved what it must, whether the server
+// takes it: "" to accept, else the reason for refusing (sent in the verdict).
+using handshake_admit = std::function<std::string(const handshake_peer&)>;
+
 // Server side. On refusal it tells the client why, then throws auth_failed
-// (the caller logs it and drops the connection).
+// (the caller logs it and drops the connection). `admit`, when set, runs
+// only for a client that passed every other check, before the verdict: so
+// a caller that reserves something there (the mesh: the peer's rank) does
+// so for proven clients only, and the refused client hears why. A broken
+// connection comes out as the socket's std::system_error: the caller drops
+// it either way.
 inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
                                                         const handshake_config& config,
                                                         std::string peer_address,
-                                                        clock::time_point deadline) {
+                                                        clock::time_point deadline,
+                                                        handshake_admit admit = {}) {
   using namespace handshake_detail;
   error_context ctx{.operation = "handshake (" + config.purpose + ")", .address = peer_address};
   std::string head = co_await read_n(socket, 4 + 2 + 4, deadline, ctx);
@@ -184,6 +245,7 @@ inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
   co_await write_all(socket, std::move(offer.bytes()), deadline, ctx);
 
   std::string proof = co_await read_n(socket, 1 + 32, deadline, ctx);
+  const auto kind = static_cast<std::uint8_t>(proof[0]);
   std::string refusal;
   if (version != protocol_version)
     refusal = "protocol version " + std::to_string(version) + ", server speaks " +
@@ -195,11 +257,16 @@ inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
     copy_into(seen, std::string_view(proof).substr(1));
     digest expected =
         hmac_sha256(config.token, proof_message("dcomm-client", config.purpose, nonce_s, nonce_c));
-    if (proof[0] == 0)
-      refusal = "a job token is required and the client sent no proof";
+    if (kind != proof_mac)
+      refusal = "a job token is required and the client has none";
     else if (!digest_equal(expected, seen))
       refusal = "the client could not prove it holds the job token";
+  } else if (kind == proof_refuses_server) {
+    refusal = std::string("the client holds a job token and this ") +
+              (config.rank >= 0 ? "rank" : "server") +
+              " has none (set the same DCOMM_JOB_TOKEN on every rank)";
   }
+  if (refusal.empty() && admit) refusal = admit(peer);
   wire_writer verdict;
   verdict.u8(refusal.empty() ? 1 : 0).str(refusal);
   digest mac_s{};
@@ -207,12 +274,18 @@ inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
     mac_s =
         hmac_sha256(config.token, proof_message("dcomm-server", config.purpose, nonce_c, nonce_s));
   verdict.raw(as_view(mac_s));
-  co_await write_all(socket, std::move(verdict.bytes()), deadline, ctx);
-  if (!refusal.empty()) {
-    ctx.detail = refusal;
-    throw error(errc::auth_failed, ctx);
+  if (refusal.empty()) {
+    co_await write_all(socket, std::move(verdict.bytes()), deadline, ctx);
+    co_return peer;
   }
-  co_return peer;
+  // Refused: the reason goes to the client if it still listens (one that
+  // left, e.g. after refusing us, may not), and to our caller regardless.
+  try {
+    co_await write_all(socket, std::move(verdict.bytes()), deadline, ctx);
+  } catch (const std::exception&) {
+  }
+  ctx.detail = refusal;
+  throw error(errc::auth_failed, ctx);
 }
 
 }  // namespace dcomm::detail

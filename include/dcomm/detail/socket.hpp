@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <variant>
 
 #include "dcomm/completion.hpp"
@@ -28,8 +30,11 @@ inline std::string endpoint_address(const tcp::endpoint& ep) {
 }
 
 // Runs op, failing with errc::timeout naming `on_timeout` if the deadline
-// passes first: then cancel() is called, which must make op complete (e.g.
-// socket.cancel()). A timer on the caller's executor does it, the classic
+// passes first: then cancel() is called, which must make one pending
+// operation complete (e.g. socket.cancel(ec), never a throwing overload: the
+// socket may have been closed meanwhile). It cancels only what is pending at
+// that moment, so op must be a single operation, not a loop that starts new
+// ones. A timer on the caller's executor does it, the classic
 // Asio pattern. Not awaitable_operators or parallel_group: `||` waits for the
 // first op to *succeed*, and Asio's parallel_group cancellation has known
 // use-after-free races (asio#1332, asio#1348) that hung ranks under load.
@@ -76,6 +81,38 @@ asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadli
   }
 }
 
+// The dcomm code for a socket error: refused, unreachable and the like
+// (nobody answered) are connect_failed; a connection that broke (reset, end
+// of file, broken pipe) is peer_lost; anything else keeps its system code.
+inline std::error_code socket_error_code(const std::error_code& ec) {
+  if (ec == asio::error::connection_refused || ec == asio::error::host_unreachable ||
+      ec == asio::error::network_unreachable || ec == asio::error::timed_out ||
+      ec == asio::error::host_not_found || ec == asio::error::host_not_found_try_again ||
+      ec == asio::error::service_not_found)
+    return make_error_code(errc::connect_failed);
+  if (ec == asio::error::eof || ec == asio::error::connection_reset ||
+      ec == asio::error::connection_aborted || ec == asio::error::broken_pipe ||
+      ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor ||
+      ec == asio::error::not_connected || ec == asio::error::shut_down)
+    return make_error_code(errc::peer_lost);
+  return ec;
+}
+
+// Rethrows `failure` so that no raw std::system_error reaches a user: a
+// dcomm::error as it is, any other std::system_error ("Connection reset by
+// peer", "End of file") as a dcomm::error with `ctx` that keeps the
+// original message. Anything else (a bug) passes unchanged.
+[[noreturn]] inline void rethrow_as_dcomm_error(std::exception_ptr failure, error_context ctx) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const dcomm::error&) {
+    throw;
+  } catch (const std::system_error& e) {
+    ctx.detail = ctx.detail.empty() ? std::string(e.what()) : ctx.detail + ": " + e.what();
+    throw error(socket_error_code(e.code()), std::move(ctx));
+  }
+}
+
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
 inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
@@ -93,8 +130,13 @@ inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::ui
           resolver.async_resolve(host, std::to_string(port), asio::use_awaitable), deadline,
           on_timeout, [&resolver] { resolver.cancel(); });
       tcp::socket socket(executor);
+      // close(), not cancel(): async_connect over several endpoints goes
+      // on to the next one after a cancelled attempt, past the deadline.
       co_await with_deadline(asio::async_connect(socket, endpoints, asio::use_awaitable), deadline,
-                             on_timeout, [&socket] { socket.cancel(); });
+                             on_timeout, [&socket] {
+                               asio::error_code ignored;
+                               socket.close(ignored);
+                             });
       socket.set_option(tcp::no_delay(true));
       co_return socket;
     } catch (const std::system_error& e) {
