@@ -333,7 +333,9 @@ TEST_SUITE("tcp faults") {
         std::chrono::steady_clock::now() - start);
     INFO(dcomm::test::describe(clean));
     for (const auto& r : clean) REQUIRE(r.ok());
-    std::mt19937 random(20261123);
+    // DCOMM_CHAOS_SEED replays or varies the trials.
+    const char* seed = std::getenv("DCOMM_CHAOS_SEED");
+    std::mt19937 random(seed ? static_cast<std::uint32_t>(std::stoul(seed)) : 20261123u);
     int hangs = 0, crashes = 0, wrong = 0, untyped_errors = 0, named = 0, killed = 0;
     std::string report;
     for (int trial = 0; trial < 50; ++trial) {
@@ -361,9 +363,9 @@ TEST_SUITE("tcp faults") {
                   "\n";
     }
     INFO(report);
-    MESSAGE("chaos: a clean job lives " << life.count() / 1000 << " ms; " << killed
-                                        << " victims killed; " << named
-                                        << " survivors named the victim");
+    MESSAGE("chaos (seed " << std::string(seed ? seed : "20261123") << "): a clean job lives "
+                           << life.count() / 1000 << " ms; " << killed << " victims killed; "
+                           << named << " survivors named the victim");
     CHECK(hangs == 0);
     CHECK(crashes == 0);
     CHECK(wrong == 0);

@@ -1131,6 +1131,66 @@ class communicator {
 
 namespace detail {
 
+// Closes a backend that start-up made but will not hand over, and waits
+// (a second at most) for it to say goodbye on its links.
+template <backend Backend>
+asio::awaitable<void> close_unused(std::shared_ptr<Backend> backend) {
+  auto done = std::make_shared<bool>(false);
+  auto timer = std::make_shared<asio::steady_timer>(co_await asio::this_coro::executor,
+                                                    std::chrono::seconds(1));
+  backend->close([done, timer] {
+    *done = true;
+    timer->cancel();
+  });
+  asio::error_code ignored;
+  if (!*done) co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+}
+
+// Rank 0 waits until every rank has its connections (rank 0 serves the tcp
+// store: nobody may lose it halfway through). A rank whose link closes
+// meanwhile died in start-up: that fails it at once, naming the rank.
+template <backend Backend>
+asio::awaitable<void> wait_connected(store& s, Backend& backend, int rank, int world,
+                                     clock::time_point deadline) {
+  std::vector<std::string> keys;
+  for (int r = 1; r < world; ++r) keys.push_back("dcomm/pg/connected/" + std::to_string(r));
+  for (;;) {
+    bool waiting = false;
+    try {
+      if (!keys.empty())
+        co_await s.wait(keys, std::min<std::chrono::milliseconds>(time_left(deadline),
+                                                                  std::chrono::milliseconds(100)));
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+      waiting = true;
+    }
+    if (!waiting) co_return;
+    std::vector<int> lost;
+    if constexpr (requires { backend.lost_peers(); }) lost = backend.lost_peers();
+    if (!lost.empty())
+      throw_error(errc::peer_lost,
+                  {.operation = "init_process_group",
+                   .rank = rank,
+                   .peers = (lost.size() == 1 ? "rank " + std::to_string(lost.front())
+                                              : "ranks " + format_ranks(lost)),
+                   .address = s.address(),
+                   .detail = "connected, then lost during start-up (died?)"});
+    if (clock::now() < deadline) continue;
+    std::vector<int> missing;
+    for (int r = 1; r < world; ++r) {
+      // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
+      std::vector<std::string> one(1, keys[static_cast<std::size_t>(r - 1)]);
+      if (!co_await s.check(one)) missing.push_back(r);
+    }
+    throw_error(errc::timeout, {.operation = "init_process_group",
+                                .rank = rank,
+                                .peers = "ranks " + format_ranks(missing),
+                                .address = s.address(),
+                                .detail = "these ranks did not finish start-up by the deadline "
+                                          "(did they die, or stop?)"});
+  }
+}
+
 template <backend Backend>
 asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, int rank, int world,
                                                      std::string store_host,
@@ -1139,14 +1199,18 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   const auto deadline = clock::now() + o.timeout;
   auto backend =
       co_await Backend::create(s, rank, world, o.job_token, store_host, o.backend, deadline);
-  // Rank 0 serves the store (tcp): it stays until every rank has its
-  // connections, so nobody loses the store halfway through.
-  if (rank != 0) {
-    co_await s->set("dcomm/pg/connected/" + std::to_string(rank), "1");
-  } else {
-    std::vector<std::string> keys;
-    for (int r = 1; r < world; ++r) keys.push_back("dcomm/pg/connected/" + std::to_string(r));
-    if (!keys.empty()) co_await s->wait(keys, time_left(deadline));
+  std::exception_ptr failure;
+  try {
+    if (rank != 0)
+      co_await s->set("dcomm/pg/connected/" + std::to_string(rank), "1");
+    else
+      co_await wait_connected(*s, *backend, rank, world, deadline);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    co_await close_unused(backend);
+    std::rethrow_exception(failure);
   }
   auto rt = std::make_shared<typename communicator<Backend>::runtime>();
   rt->backend = std::move(backend);
@@ -1166,6 +1230,7 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
   auto ex = co_await asio::this_coro::executor;
   error_context where{.operation = "init_process_group", .rank = o.rank, .address = o.init_method};
   std::exception_ptr failure;
+  std::shared_ptr<store> joined;
   try {
     rendezvous_options ro{.init_method = o.init_method,
                           .rank = o.rank,
@@ -1177,12 +1242,16 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
     auto world = co_await rendezvous(ex, std::move(ro), asio::use_awaitable);
     where.rank = world.rank;
     where.address = world.spec.address();
+    joined = world.store;
     co_return co_await connect_world<Backend>(world.store, world.rank, world.world_size,
                                               world.spec.host, std::move(o), std::move(thread));
   } catch (...) {
     failure = std::current_exception();
   }
-  rethrow_as_dcomm_error(failure, std::move(where));
+  failure = as_dcomm_error(failure, std::move(where));
+  // Rank 0 hosts the store: the others learn why it leaves (leave_store).
+  if (joined) co_await leave_store(joined, failure);
+  std::rethrow_exception(failure);
 }
 
 template <backend Backend>

@@ -81,6 +81,32 @@ inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
   co_return without;
 }
 
+// The exception a failed start-up leaves with: a dcomm::error (see
+// rethrow_as_dcomm_error).
+inline std::exception_ptr as_dcomm_error(std::exception_ptr failure, error_context ctx) {
+  try {
+    rethrow_as_dcomm_error(failure, std::move(ctx));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Start-up failed in the process that hosts the job's tcp store: before the
+// store goes, its clients are told why, so that they blame the cause (the
+// ranks this failure names) and not the store's host.
+inline asio::awaitable<void> leave_store(std::shared_ptr<store> s, std::exception_ptr failure) {
+  auto* tcp = dynamic_cast<tcp_store*>(s.get());
+  if (!tcp || !tcp->server()) co_return;
+  std::optional<dcomm::error> why;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const dcomm::error& e) {
+    why.emplace(e);
+  } catch (...) {
+  }
+  if (why) co_await tcp->leave(*why);
+}
+
 // The protocol, on any store (thread worlds pass a shared hash_store).
 inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int world_size,
                                         std::string address, const rendezvous_options& options) {
@@ -206,7 +232,8 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
                                                   .listen_fd = listen_fd,
                                                   .timeout = options.timeout,
                                                   .job_token = options.job_token,
-                                                  .rank = spec.rank});
+                                                  .rank = spec.rank,
+                                                  .server_rank = 0});
     } catch (const dcomm::error& e) {
       if (e.code() != errc::address_in_use) throw;
       auto ctx = e.context();
@@ -227,9 +254,12 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
   } catch (...) {
     failure = std::current_exception();
   }
-  if (failure)
-    rethrow_as_dcomm_error(failure,
-                           {.operation = "rendezvous", .rank = spec.rank, .address = spec.address()});
+  if (failure) {
+    failure = as_dcomm_error(
+        failure, {.operation = "rendezvous", .rank = spec.rank, .address = spec.address()});
+    co_await leave_store(result.store, failure);
+    std::rethrow_exception(failure);
+  }
   co_return result;
 }
 

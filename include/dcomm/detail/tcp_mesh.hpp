@@ -35,10 +35,14 @@
 // peer that does not speak the protocol is final.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +52,7 @@
 #include "dcomm/detail/handshake.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/tcp/wire_format.hpp"
 #include "dcomm/store/store.hpp"
 
 namespace dcomm::detail {
@@ -159,15 +164,18 @@ inline asio::awaitable<tcp::socket> connect_to(std::shared_ptr<store> s, int ran
       rethrow_as_dcomm_error(failure, {});
     } catch (const dcomm::error& e) {
       bool late = e.code() == errc::timeout;
-      throw error(e.code(), {.operation = "tcp mesh",
-                             .rank = rank,
-                             .peers = "rank " + std::to_string(peer),
-                             .key = key,
-                             .address = e.context().address,
-                             .detail = late ? "rank " + std::to_string(peer) +
-                                                  " did not publish its mesh address by the "
-                                                  "deadline"
-                                            : std::string("reading the address: ") + e.what()});
+      // The store's own failure (its host lost) blames whom the store names.
+      throw error(e.code(),
+                  {.operation = "tcp mesh",
+                   .rank = rank,
+                   .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
+                                                              : e.context().peers,
+                   .key = key,
+                   .address = e.context().address,
+                   .detail = late ? "rank " + std::to_string(peer) +
+                                        " did not publish its mesh address by the "
+                                        "deadline"
+                                  : std::string("reading the address: ") + e.what()});
     }
   }
   auto [host, port] = parse_address(where, rank, key);
@@ -253,6 +261,15 @@ struct acceptance {
   std::map<std::uint64_t, tcp::socket*> talking;
   std::uint64_t next_id = 0;
   asio::steady_timer done;  // connect_mesh waits on it: cancelled when all are in
+  // Sockets already connected (either way), watched until the mesh is
+  // done: one that closes means its rank died in start-up (`lost`).
+  std::vector<tcp::socket*> watched;
+  struct loss {
+    int blamed;                   // the rank that died, or the one a goodbye blamed
+    int via;                      // the peer whose socket told
+    tcp_net::fail_reason reason;  // the goodbye's (peer_lost: no goodbye, died)
+  };
+  std::vector<loss> lost;
   // Why the last connection claiming each missing rank failed.
   std::map<int, refusal> refusals;
   int logged = 0;
@@ -260,7 +277,7 @@ struct acceptance {
   int expected() const { return world - 1 - rank; }
   std::size_t in_flight() const { return silent.size() + talking.size(); }
 
-  // Stops accepting and drops every handshake in flight.
+  // Stops accepting, drops every handshake in flight, stops watching.
   void finish() {
     finished = true;
     asio::error_code ignored;
@@ -269,6 +286,8 @@ struct acceptance {
       for (auto& [id, socket] : *group) socket->close(ignored);
       group->clear();
     }
+    for (auto* socket : watched) socket->cancel(ignored);
+    watched.clear();
     done.cancel();
   }
 
@@ -297,7 +316,8 @@ struct acceptance {
     } catch (const std::exception& e) {
       log_refusal("from " + address + ": " + e.what());
     }
-    if (!claimed || *claimed <= rank || *claimed >= world || taken[static_cast<std::size_t>(*claimed)])
+    if (!claimed || *claimed <= rank || *claimed >= world ||
+        taken[static_cast<std::size_t>(*claimed)])
       return;
     auto who = "rank " + std::to_string(*claimed);
     if (r.code == errc::auth_failed)
@@ -307,6 +327,67 @@ struct acceptance {
     refusals[*claimed] = std::move(r);
   }
 };
+
+// Watches a connected peer until the mesh is done. Nothing travels on a
+// mesh socket before the transport starts, so it becomes readable only when
+// the peer closes it (it died in start-up), says goodbye (its start-up
+// failed: the goodbye names the cause), or, done with its own mesh, sends a
+// first frame of its transport (alive: the watch ends). The bytes are only
+// peeked at: the transport reads them.
+inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, tcp::socket& socket, int peer) {
+  st->watched.push_back(&socket);
+  for (;;) {
+    asio::error_code ec;
+    co_await socket.async_wait(tcp::socket::wait_read,
+                               asio::redirect_error(asio::use_awaitable, ec));
+    // Finished: the socket may have moved on to the transport; leave it be.
+    if (st->finished || ec) co_return;
+    tcp_net::wire_header h;
+    auto n = ::recv(socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 && static_cast<std::size_t>(n) < sizeof h) {  // the rest is on its way
+      asio::steady_timer pause(co_await asio::this_coro::executor, std::chrono::milliseconds(1));
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (st->finished) co_return;
+      continue;
+    }
+    if (n > 0 && (h.magic != tcp_net::wire_magic || h.kind != tcp_net::msg_kind::bye))
+      co_return;  // its transport speaks: alive
+    acceptance::loss l{peer, peer, tcp_net::fail_reason::peer_lost};
+    if (n > 0) {
+      auto [reason, culprit] = tcp_net::read_goodbye(h, st->world);
+      if (reason != tcp_net::fail_reason::none && culprit >= 0 && culprit != st->rank)
+        l = {culprit, peer, reason};
+    }
+    st->lost.push_back(l);
+    st->done.cancel();
+    co_return;
+  }
+}
+
+// The mesh failed here: every peer already connected hears why (a goodbye
+// in the transport's format, blaming `culprit`), so that it names the cause
+// and not this rank. Nothing else has been sent on these sockets, so the
+// few bytes go out at once, without blocking.
+inline void say_goodbye(mesh_sockets& sockets, tcp_net::fail_reason reason, int culprit) {
+  const auto bye = tcp_net::goodbye(reason, culprit);
+  for (auto& socket : sockets)
+    if (socket.is_open()) {
+      [[maybe_unused]] auto sent =
+          ::send(socket.native_handle(), &bye, sizeof bye, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+}
+
+// The one rank an error blames ("rank 3", "ranks {3}"), or -1.
+inline int single_rank(const std::string& peers) {
+  int rank = -1, found = 0;
+  for (std::size_t i = 0; i < peers.size(); ++i)
+    if (std::isdigit(static_cast<unsigned char>(peers[i])) &&
+        (i == 0 || !std::isdigit(static_cast<unsigned char>(peers[i - 1])))) {
+      rank = std::atoi(peers.c_str() + i);
+      ++found;
+    }
+  return found == 1 && peers.find('-') == std::string::npos ? rank : -1;
+}
 
 inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
@@ -318,9 +399,9 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
   int reserved = -1;
   handshake_admit admit = [&st, &reserved, id](const handshake_peer& peer) -> std::string {
     if (peer.rank <= st->rank || peer.rank >= st->world)
-      return "rank " + std::to_string(st->rank) + " accepts ranks " +
-             std::to_string(st->rank + 1) + " to " + std::to_string(st->world - 1) +
-             " only, not rank " + std::to_string(peer.rank);
+      return "rank " + std::to_string(st->rank) + " accepts ranks " + std::to_string(st->rank + 1) +
+             " to " + std::to_string(st->world - 1) + " only, not rank " +
+             std::to_string(peer.rank);
     if (st->taken[static_cast<std::size_t>(peer.rank)])
       return "rank " + std::to_string(peer.rank) + " is already connected to rank " +
              std::to_string(st->rank);
@@ -339,8 +420,8 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
     // Until the peer says something: meanwhile it may be dropped.
     error_context on_timeout{.operation = "handshake (" + st->config.purpose + ")",
                              .address = address};
-    co_await with_deadline(socket.async_wait(tcp::socket::wait_read, asio::use_awaitable),
-                           deadline, on_timeout, [&socket] {
+    co_await with_deadline(socket.async_wait(tcp::socket::wait_read, asio::use_awaitable), deadline,
+                           on_timeout, [&socket] {
                              asio::error_code ignored;
                              socket.cancel(ignored);
                            });
@@ -353,7 +434,10 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
   const bool dropped = st->silent.erase(id) + st->talking.erase(id) == 0 && reserved < 0;
   if (st->finished) co_return;
   if (!failure) {
-    st->sockets[static_cast<std::size_t>(peer.rank)] = std::move(socket);
+    auto& placed = st->sockets[static_cast<std::size_t>(peer.rank)];
+    placed = std::move(socket);
+    asio::co_spawn(co_await asio::this_coro::executor, watch(st, placed, peer.rank),
+                   asio::detached);
     if (++st->connected == st->expected()) st->done.cancel();
     co_return;
   }
@@ -390,14 +474,14 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
   auto executor = co_await asio::this_coro::executor;
   while (!st->finished) {
     asio::error_code ec;
-    auto socket =
-        co_await st->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+    auto socket = co_await st->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
     if (st->finished || !st->acceptor.is_open()) break;
     if (ec) {
       // Out of file descriptors and the like: pause, then go on.
-      log(log_level::warning, "tcp mesh (rank " + std::to_string(st->rank) +
-                                  ") cannot accept: " + ec.message());
-      asio::steady_timer pause(executor, std::min(st->deadline, clock::now() + std::chrono::milliseconds(50)));
+      log(log_level::warning,
+          "tcp mesh (rank " + std::to_string(st->rank) + ") cannot accept: " + ec.message());
+      asio::steady_timer pause(
+          executor, std::min(st->deadline, clock::now() + std::chrono::milliseconds(50)));
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
@@ -445,43 +529,73 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
   mesh_sockets sockets;
   for (int p = 0; p < world; ++p) sockets.emplace_back(executor);
   try {
-    for (int p = 0; p < rank; ++p)
-      sockets[static_cast<std::size_t>(p)] =
-          co_await connect_to(s, rank, p, options, config, deadline);
+    for (int p = 0; p < rank && st->lost.empty(); ++p) {
+      auto& socket = sockets[static_cast<std::size_t>(p)];
+      socket = co_await connect_to(s, rank, p, options, config, deadline);
+      asio::co_spawn(executor, watch(st, socket, p), asio::detached);
+    }
   } catch (...) {
     failure = std::current_exception();
   }
-  // Until every higher rank is in, or the deadline (the timer's own): the
-  // check and the wait run without a handler between them, so a
-  // cancel() from the last handshake cannot fall between.
-  if (!failure && st->connected < st->expected()) {
+  // Until every higher rank is in, a connected rank is lost, or the
+  // deadline (the timer's own): the check and the wait run without a
+  // handler between them, so a cancel() cannot fall between.
+  if (!failure && st->lost.empty() && st->connected < st->expected()) {
     asio::error_code ignored;
     co_await st->done.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
   st->finish();
+  // Every rank connected so far (either way), for the goodbyes.
+  for (int p = rank + 1; p < world; ++p)
+    if (st->sockets[static_cast<std::size_t>(p)].is_open())
+      sockets[static_cast<std::size_t>(p)] = std::move(st->sockets[static_cast<std::size_t>(p)]);
+  // A rank that connected and then closed died in start-up: the first
+  // cause, before anything that followed from it.
+  if (!st->lost.empty()) {
+    const auto first = st->lost.front();
+    const bool died = first.via == first.blamed;
+    say_goodbye(sockets, died ? tcp_net::fail_reason::peer_lost : first.reason, first.blamed);
+    throw_error(
+        !died && first.reason == tcp_net::fail_reason::timeout ? errc::timeout : errc::peer_lost,
+        {.operation = "tcp mesh",
+         .rank = rank,
+         .peers = "rank " + std::to_string(first.blamed),
+         .detail = died ? "it connected, then closed its connection during start-up (died?)"
+                        : "rank " + std::to_string(first.via) + " left start-up after " +
+                              tcp_net::describe(first.reason) + " it blamed on rank " +
+                              std::to_string(first.blamed)});
+  }
   // A failed connect names the peer it could not reach.
-  if (failure) std::rethrow_exception(failure);
+  if (failure) {
+    int culprit = -1;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const dcomm::error& e) {
+      culprit = single_rank(e.context().peers);
+    } catch (...) {
+    }
+    say_goodbye(sockets, tcp_net::fail_reason::other, culprit);
+    std::rethrow_exception(failure);
+  }
 
   std::vector<int> missing;
   std::string reasons;
   errc code = errc::timeout;
   for (int p = rank + 1; p < world; ++p) {
-    auto& socket = st->sockets[static_cast<std::size_t>(p)];
-    if (socket.is_open()) {
-      sockets[static_cast<std::size_t>(p)] = std::move(socket);
-      continue;
-    }
+    if (sockets[static_cast<std::size_t>(p)].is_open()) continue;
     missing.push_back(p);
     if (auto it = st->refusals.find(p); it != st->refusals.end()) {
       reasons += "; " + it->second.reason;
       if (it->second.code == errc::auth_failed) code = errc::auth_failed;
     }
   }
-  if (!missing.empty())
+  if (!missing.empty()) {
+    say_goodbye(sockets, tcp_net::fail_reason::timeout, missing.size() == 1 ? missing.front() : -1);
     throw_error(code, {.operation = "tcp mesh",
                        .rank = rank,
                        .peers = "ranks " + format_ranks(missing),
                        .detail = "these peers did not connect by the deadline" + reasons});
+  }
   co_return sockets;
 }
 

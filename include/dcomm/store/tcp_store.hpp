@@ -10,12 +10,13 @@
 // clients carry on.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,7 +43,13 @@ enum class store_op : std::uint8_t {
   num_keys,
 };
 
-enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2 };
+enum class store_status : std::uint8_t { ok = 0, timeout = 1, error = 2, notice = 3 };
+
+// Request ids start at 1: a frame from the server with id 0 answers no
+// request. It is a notice (status notice, then str peers, str detail): the
+// process hosting the server is leaving because it failed, and says why, so
+// that its clients blame the first cause rather than the lost connection.
+inline constexpr std::uint64_t notice_id = 0;
 
 inline constexpr std::string_view store_purpose = "store";
 
@@ -87,6 +94,16 @@ class tcp_store_server {
 
   std::uint16_t port() const noexcept { return impl_->port; }
   std::string address() const { return impl_->address; }
+
+  // The hosting process is leaving because it failed: tells every client
+  // why (a notice, see notice_id), and returns once that is written or the
+  // deadline passed. `peers`: whom the host's failure blames.
+  asio::awaitable<void> notify_leaving(std::string peers, std::string detail,
+                                       clock::time_point deadline) {
+    co_await asio::co_spawn(impl_->strand,
+                            impl::notify_op(impl_, std::move(peers), std::move(detail), deadline),
+                            asio::use_awaitable);
+  }
 
  private:
   struct impl;
@@ -168,8 +185,8 @@ class tcp_store_server {
       }
       auto local = acceptor.local_endpoint(ec);
       if (ec)
-        throw_error(errc::invalid_argument,
-                    {.operation = "tcp_store_server", .detail = "no local address: " + ec.message()});
+        throw_error(errc::invalid_argument, {.operation = "tcp_store_server",
+                                             .detail = "no local address: " + ec.message()});
       port = local.port();
       address = detail::endpoint_address(local);
     }
@@ -207,6 +224,30 @@ class tcp_store_server {
           if (auto c = weak.lock()) c->close();
         self->connections.clear();
       });
+    }
+
+    static asio::awaitable<void> notify_op(std::shared_ptr<impl> self, std::string peers,
+                                           std::string detail, clock::time_point deadline) {
+      detail::wire_writer notice;
+      notice.u64(detail::notice_id)
+          .u8(static_cast<std::uint8_t>(detail::store_status::notice))
+          .str(peers)
+          .str(detail);
+      std::vector<std::shared_ptr<connection>> told;
+      for (auto& weak : self->connections)
+        if (auto c = weak.lock()) {
+          try {
+            c->send_frame(notice.bytes());
+            told.push_back(std::move(c));
+          } catch (const dcomm::error&) {  // over the budget: that one is not told
+          }
+        }
+      asio::steady_timer pause(self->strand);
+      while (clock::now() < deadline &&
+             std::any_of(told.begin(), told.end(), [](auto& c) { return !c->flushed(); })) {
+        pause.expires_after(std::chrono::milliseconds(5));
+        co_await pause.async_wait(asio::use_awaitable);
+      }
     }
 
     static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
@@ -400,6 +441,9 @@ struct tcp_store_options {
   // every pending operation with errc::timeout.
   std::chrono::milliseconds frame_timeout = detail::default_frame_timeout;
   int rank = -1;  // ours, for the server's and our own messages
+  // The rank whose process hosts the server, where known (rendezvous: 0):
+  // losing the server, or failing to reach it, is then blamed on that rank.
+  int server_rank = -1;
 };
 
 class tcp_store final : public store {
@@ -427,6 +471,15 @@ class tcp_store final : public store {
   std::string address() const override { return detail::tcp_address(options_.host, port()); }
   std::uint16_t port() const noexcept { return server_ ? server_->port() : options_.port; }
   const tcp_store_server* server() const noexcept { return server_.get(); }
+
+  // This process hosts the server and is leaving because it failed: its
+  // clients are told why (`why`'s peers are whom to blame), at most for a
+  // second, before the server goes. Nothing to do for a client.
+  asio::awaitable<void> leave(const dcomm::error& why) {
+    if (!server_) co_return;
+    co_await server_->notify_leaving(why.context().peers, why.what(),
+                                     clock::now() + std::chrono::seconds(1));
+  }
 
   // Connects (with retries until the store's timeout) and authenticates.
   template <completion_token_for Token = default_token_t>
@@ -517,13 +570,14 @@ class tcp_store final : public store {
         options_(std::move(options)) {
     detail::require_crypto_for(options_.job_token, "tcp_store");
     if (options_.is_server)
-      server_ = tcp_store_server::start(executor, {.bind_host = options_.bind_host,
-                                                   .port = options_.port,
-                                                   .listen_fd = options_.listen_fd,
-                                                   .job_token = options_.job_token,
-                                                   .max_frame_bytes = options_.max_frame_bytes,
-                                                   .max_buffered_bytes = options_.max_buffered_bytes,
-                                                   .frame_timeout = options_.frame_timeout});
+      server_ =
+          tcp_store_server::start(executor, {.bind_host = options_.bind_host,
+                                             .port = options_.port,
+                                             .listen_fd = options_.listen_fd,
+                                             .job_token = options_.job_token,
+                                             .max_frame_bytes = options_.max_frame_bytes,
+                                             .max_buffered_bytes = options_.max_buffered_bytes,
+                                             .frame_timeout = options_.frame_timeout});
   }
 
   std::shared_ptr<tcp_store> shared_self() {
@@ -540,6 +594,19 @@ class tcp_store final : public store {
             .rank = options_.rank >= 0 ? std::optional<int>(options_.rank) : std::nullopt,
             .key = std::move(key),
             .address = address()};
+  }
+
+  std::string host() const {
+    return options_.server_rank >= 0
+               ? "rank " + std::to_string(options_.server_rank) + ", which hosts the store,"
+               : std::string("the store server");
+  }
+  // A lost or unreachable server: its host is to blame, where known.
+  void blame_host(error_context& ctx) const {
+    if (options_.server_rank < 0 || !ctx.peers.empty()) return;
+    ctx.peers = "rank " + std::to_string(options_.server_rank);
+    ctx.detail = "the store's host, rank " + std::to_string(options_.server_rank) +
+                 (ctx.detail.empty() ? std::string() : ": " + ctx.detail);
   }
 
   static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
@@ -561,36 +628,49 @@ class tcp_store final : public store {
       throw error(errc::connect_failed, context("tcp_store.connect"));
     }
     connecting_ = true;
+    std::exception_ptr failure;
     try {
-      auto socket =
-          co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
-      detail::handshake_config config{.purpose = std::string(detail::store_purpose),
-                                      .token = options_.job_token,
-                                      .rank = options_.rank};
-      try {
-        co_await detail::client_handshake(socket, config, address(), deadline);
-      } catch (const dcomm::error&) {
-        throw;
-      } catch (const std::system_error& e) {  // the server closed the connection
-        auto ctx = context("tcp_store.connect");
-        ctx.detail = "the store server dropped the connection during the handshake: " +
-                     e.code().message();
-        throw error(errc::peer_lost, ctx);
-      }
-      stream_ = std::make_shared<detail::frame_stream>(
-          std::move(socket), detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
-                                                  .frame_timeout = options_.frame_timeout});
-      asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
-                     asio::detached);
+      co_await connect_stream(deadline);
     } catch (...) {
-      connecting_ = false;
-      for (auto& w : connect_waiters_) w->cancel();
-      connect_waiters_.clear();
-      throw;
+      failure = std::current_exception();
     }
     connecting_ = false;
     for (auto& w : connect_waiters_) w->cancel();
     connect_waiters_.clear();
+    if (!failure) co_return;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const dcomm::error& e) {
+      // An unreachable server: its host is to blame (a refusal is ours).
+      if (e.code() == errc::auth_failed || e.code() == errc::invalid_argument) throw;
+      auto ctx = e.context();
+      blame_host(ctx);
+      throw error(e.code(), ctx);
+    }
+  }
+
+  // Connects and authenticates; on success the stream and its reader run.
+  asio::awaitable<void> connect_stream(clock::time_point deadline) {
+    auto socket =
+        co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
+    detail::handshake_config config{.purpose = std::string(detail::store_purpose),
+                                    .token = options_.job_token,
+                                    .rank = options_.rank};
+    try {
+      co_await detail::client_handshake(socket, config, address(), deadline);
+    } catch (const dcomm::error&) {
+      throw;
+    } catch (const std::system_error& e) {  // the server closed the connection
+      auto ctx = context("tcp_store.connect");
+      ctx.detail =
+          "the store server dropped the connection during the handshake: " + e.code().message();
+      throw error(errc::peer_lost, ctx);
+    }
+    stream_ = std::make_shared<detail::frame_stream>(
+        std::move(socket), detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
+                                                .frame_timeout = options_.frame_timeout});
+    asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
+                   asio::detached);
   }
 
   // Holds the store weakly: a store nobody uses any more must be able to die
@@ -606,6 +686,13 @@ class tcp_store final : public store {
         if (!self) co_return;
         detail::wire_reader r(body);
         std::uint64_t id = r.u64();
+        if (id == detail::notice_id) {
+          if (static_cast<detail::store_status>(r.u8()) == detail::store_status::notice) {
+            self->notice_peers_ = r.str();
+            self->notice_ = r.str();
+          }
+          continue;
+        }
         auto it = self->pending_.find(id);
         if (it == self->pending_.end()) continue;  // its caller already gave up
         body.erase(0, 8);
@@ -627,11 +714,19 @@ class tcp_store final : public store {
     auto self = weak.lock();
     if (!self) co_return;
     if (self->stream_ == stream) self->stream_.reset();
-    // With this store's rank and address for the message.
+    // With this store's rank and address for the message, and whom to
+    // blame: the cause the host gave as it left, else the host itself.
     auto ctx = self->context("tcp_store");
     ctx.expected = why.expected;
     ctx.seen = why.seen;
     ctx.detail = why.detail;
+    if (!self->notice_.empty()) {
+      code = errc::peer_lost;
+      ctx.peers = self->notice_peers_;
+      ctx.detail = self->host() + " left after it failed: " + self->notice_;
+    } else {
+      self->blame_host(ctx);
+    }
     auto failure = std::make_exception_ptr(error(code, ctx));
     self->lost_ = failure;
     // A request whose reply came before the end keeps it: it was answered.
@@ -673,8 +768,8 @@ class tcp_store final : public store {
       throw error(errc::timeout, ctx);
     }
     std::string rest = std::move(*p->reply);
-    auto status = static_cast<detail::store_status>(
-        decode(rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
+    auto status = static_cast<detail::store_status>(decode(
+        rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
     rest.erase(0, 1);
     if (status == detail::store_status::ok) co_return rest;
     if (status == detail::store_status::timeout) {
@@ -719,6 +814,8 @@ class tcp_store final : public store {
   std::unique_ptr<tcp_store_server> server_;
   std::shared_ptr<detail::frame_stream> stream_;
   std::exception_ptr lost_;
+  // The server's notice, if its host left after failing (see notice_id).
+  std::string notice_peers_, notice_;
   bool connecting_ = false;
   std::vector<std::shared_ptr<asio::steady_timer>> connect_waiters_;
   std::map<std::uint64_t, std::shared_ptr<pending>> pending_;

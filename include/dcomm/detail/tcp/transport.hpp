@@ -29,6 +29,8 @@
 // a buffer it was given, so callers may free their buffers right after.
 #pragma once
 
+#include <sys/ioctl.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -42,6 +44,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -53,118 +56,13 @@
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/detail/tcp/pool.hpp"
+#include "dcomm/detail/tcp/wire_format.hpp"
 #include "dcomm/detail/tcp_mesh.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/reduce_op.hpp"
 
 namespace dcomm::detail::tcp_net {
-
-// Which collective a message belongs to; part of the call signature.
-enum class coll_op : std::uint8_t {
-  p2p = 0,
-  barrier,
-  broadcast,
-  reduce,
-  all_reduce,
-  scatter,
-  gather,
-  all_gather,
-  reduce_scatter,
-  all_to_all,
-  all_gather_v,
-  all_to_all_v,
-  counts,  // the count exchange of the _v and object forms
-};
-
-inline const char* name(coll_op op) {
-  static constexpr const char* names[] = {
-      "send/recv",    "barrier",      "broadcast",     "reduce",         "all_reduce",
-      "scatter",      "gather",       "all_gather",    "reduce_scatter", "all_to_all",
-      "all_gather_v", "all_to_all_v", "count exchange"};
-  auto i = static_cast<std::size_t>(op);
-  return i < std::size(names) ? names[i] : "unknown op";
-}
-
-// What a collective was called with. Every message carries the sender's, so
-// ranks that disagree fail with errc::mismatch instead of mixing data.
-struct call_signature {
-  coll_op op = coll_op::p2p;
-  dtype type = dtype::uint8;
-  reduce_kind reduce = reduce_kind::sum;
-  std::uint8_t has_reduce = 0;
-  std::int32_t root = -1;
-  std::uint64_t count = 0;  // elements per rank; 0 for the _v forms
-  // A CUDA tensor staged slice by slice runs the algorithm once per slice:
-  // ranks must agree (0: the whole buffer at once).
-  std::uint32_t slices = 0;
-  // The algorithm asked for (op_options::algorithm, else DCOMM_ALGO's;
-  // automatic: chosen by size, the same on every rank that agrees on the rest).
-  dcomm::algorithm algo = dcomm::algorithm::automatic;
-  std::uint8_t reserved[3] = {};
-
-  friend bool operator==(const call_signature&, const call_signature&) = default;
-};
-
-inline std::string describe(const call_signature& s) {
-  std::string d = name(s.op);
-  if (s.op == coll_op::p2p) return d;
-  if (s.op == coll_op::barrier)
-    return s.algo == dcomm::algorithm::automatic ? d
-                                                 : d + "(" + std::string(dcomm::name(s.algo)) + ")";
-  d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
-  if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
-  if (s.root >= 0) d += ", root " + std::to_string(s.root);
-  if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
-  d += ")";
-  if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
-  return d;
-}
-
-enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
-
-// Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
-// blame, plus one (0: none known).
-enum class fail_reason : std::uint64_t { none = 0, mismatch, peer_lost, timeout, other };
-
-inline const char* describe(fail_reason r) {
-  switch (r) {
-    case fail_reason::mismatch:
-      return "a mismatched call";
-    case fail_reason::peer_lost:
-      return "a lost peer";
-    case fail_reason::timeout:
-      return "a timeout";
-    case fail_reason::other:
-      return "a failed call";
-    case fail_reason::none:
-      break;
-  }
-  return "no failure";
-}
-
-// Where a rank is in a collective, as a probe_reply says (its cookie).
-enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
-
-inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
-
-// Ranks of one job run the same build on the same architecture: the header
-// travels in native byte order; the magic catches anything else.
-struct wire_header {
-  std::uint32_t magic = wire_magic;
-  msg_kind kind = msg_kind::eager;
-  std::uint8_t collective = 0;
-  std::uint16_t reserved = 0;
-  call_signature sig{};
-  std::uint64_t group = 0;
-  std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
-  std::uint32_t step = 0;
-  std::uint32_t reserved2 = 0;
-  std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
-  std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
-  std::uint64_t cookie2 = 0;  // cts: the receiver's id
-};
-static_assert(std::is_trivially_copyable_v<wire_header>);
 
 struct match_key {
   std::uint8_t collective = 0;
@@ -380,6 +278,13 @@ class transport : public std::enable_shared_from_this<transport> {
   const transport_options& options() const { return options_; }
   const asio::any_io_executor& get_executor() const { return ex_; }
   bool peer_lost(int p) const { return links_[static_cast<std::size_t>(p)]->lost; }
+  // Whom the loss of rank p's link blames: the culprit its goodbye named,
+  // or p itself (it left without one: died).
+  int blame_for_loss(int p) const {
+    const link& l = *links_[static_cast<std::size_t>(p)];
+    return l.said_bye && l.bye_reason != fail_reason::none && l.bye_culprit >= 0 ? l.bye_culprit
+                                                                                 : p;
+  }
   const std::string& lost_reason(int p) const { return links_[static_cast<std::size_t>(p)]->why; }
   std::string peer_address(int p) const { return links_[static_cast<std::size_t>(p)]->address; }
   bool stopped() const { return aborted_ || closed_; }
@@ -578,9 +483,13 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   // The communicator was destroyed: fail what is still pending, and close
-  // every link in order: what is queued (the fail frames of a call that
-  // just failed among it) goes out first, then a goodbye naming the first
-  // failure this rank saw. A link still busy after `close_grace` is cut.
+  // every link in order. What is queued (the fail frames of a call that just
+  // failed among it) goes out first, then a goodbye naming the first failure
+  // this rank saw; then the link is shut for sending and closed once the
+  // peer has acknowledged every byte. (Closing with bytes unsent, or with
+  // the peer's bytes unread, would reset the connection and lose them.) A
+  // link still busy after `close_grace` is cut. `closed` runs once every
+  // link is closed.
   void close(std::function<void()> closed = {}) {
     if (closed_ || aborted_) {
       if (closed) closed();
@@ -591,29 +500,55 @@ class transport : public std::enable_shared_from_this<transport> {
     for (op_state* op = ops_; op; op = op->next_op)
       fail_op(*op, make_error(errc::closed, *op, {}, "the communicator was destroyed"));
     say_goodbye();
-    bool busy = false;
-    for (auto& l : links_) {
-      if (l->batch == 0)
-        close_link(*l);
-      else
-        busy = true;  // on_written closes it
-    }
-    if (std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
-      return closed_all();  // also when none was open (a world of one)
-    if (!busy) return;
     // Owned by its handler, not by the transport: a timer must not outlive
     // its io_context, and the transport may.
-    auto cut = std::make_shared<asio::steady_timer>(ex_, close_grace);
-    close_timer_ = cut;
-    cut->async_wait([self = shared_from_this(), cut](const asio::error_code& ec) {
-      if (ec) return;  // every link closed in order
-      for (auto& l : self->links_) self->close_link(*l);
+    auto timer = std::make_shared<asio::steady_timer>(ex_);
+    close_timer_ = timer;
+    drain(timer, clock::now() + close_grace);
+  }
+
+  // One step of close(): every millisecond until each link is closed.
+  void drain(const std::shared_ptr<asio::steady_timer>& timer, clock::time_point cut) {
+    const bool late = clock::now() >= cut;
+    bool open = false;
+    for (auto& l : links_) {
+      if (!l->socket.is_open()) continue;
+      if (l->batch == 0 && l->frames.empty()) {
+        asio::error_code ignored;
+        if (!l->shut) l->socket.shutdown(tcp::socket::shutdown_send, ignored);
+        l->shut = true;
+        if (unacknowledged(l->socket) == 0 || late) {
+          close_link(*l);
+          continue;
+        }
+      } else if (late) {
+        close_link(*l);
+        continue;
+      }
+      open = true;
+    }
+    if (!open) return closed_all();  // also when none was open (a world of one)
+    timer->expires_after(std::chrono::milliseconds(1));
+    timer->async_wait([self = shared_from_this(), timer, cut](const asio::error_code& ec) {
+      if (!ec) self->drain(timer, cut);
     });
+  }
+
+  // Bytes written to the link that its peer has not acknowledged yet.
+  static std::size_t unacknowledged(tcp::socket& socket) {
+#ifdef TIOCOUTQ
+    int n = 0;
+    if (::ioctl(socket.native_handle(), TIOCOUTQ, &n) == 0 && n > 0)
+      return static_cast<std::size_t>(n);
+#else
+    (void)socket;
+#endif
+    return 0;
   }
 
   // After close(): the last link is closed.
   void closed_all() {
-    if (auto cut = close_timer_.lock()) cut->cancel();
+    if (auto timer = close_timer_.lock()) timer->cancel();
     if (auto closed = std::exchange(on_closed_, {})) closed();
   }
 
@@ -676,6 +611,7 @@ class transport : public std::enable_shared_from_this<transport> {
     std::string why;
     // The peer's goodbye: it left in order, after `bye_reason` caused by
     // rank `bye_culprit` (-1: none; it simply finished).
+    bool shut = false;  // close(): shut for sending, waiting for the acknowledgements
     bool said_bye = false;
     fail_reason bye_reason = fail_reason::none;
     int bye_culprit = -1;
@@ -846,10 +782,7 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // The last frame on every live link before an orderly close.
   void say_goodbye() {
-    wire_header b;
-    b.kind = msg_kind::bye;
-    b.cookie = static_cast<std::uint64_t>(first_reason_);
-    b.cookie2 = static_cast<std::uint64_t>(first_culprit_ + 1);
+    const wire_header b = goodbye(first_reason_, first_culprit_);
     for (int p = 0; p < world_; ++p) {
       link& l = *links_[static_cast<std::size_t>(p)];
       if (p == rank_ || l.lost || !l.socket.is_open()) continue;
@@ -1145,6 +1078,9 @@ class transport : public std::enable_shared_from_this<transport> {
     if (l.lost) return;
     l.lost = true;
     l.why = std::move(why);
+    // Gone without a goodbye: killed or crashed. That is a failure of the
+    // job even if no call needed the peer yet; the goodbye names it.
+    if (!l.said_bye && !stopped()) note_cause(fail_reason::peer_lost, peer);
     close_link(l);
     bool failed_any = false;
     auto fail_pending = [&](io_item* it) {
@@ -1235,7 +1171,6 @@ class transport : public std::enable_shared_from_this<transport> {
       return;
     }
     start_write(peer);
-    if (closed_ && l.batch == 0) close_link(l);  // flushed after close(): now close it
   }
 
   // Reading: one coroutine per peer parses frames out of a staging buffer;
@@ -1443,12 +1378,7 @@ class transport : public std::enable_shared_from_this<transport> {
           break;
         case msg_kind::bye:
           l.said_bye = true;
-          l.bye_reason = h.cookie <= static_cast<std::uint64_t>(fail_reason::other)
-                             ? static_cast<fail_reason>(h.cookie)
-                             : fail_reason::other;
-          l.bye_culprit = h.cookie2 && h.cookie2 <= static_cast<std::uint64_t>(world_)
-                              ? static_cast<int>(h.cookie2) - 1
-                              : -1;
+          std::tie(l.bye_reason, l.bye_culprit) = read_goodbye(h, world_);
           break;
       }
     }
@@ -1536,7 +1466,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // The first failure this rank saw and whom it blamed: said in goodbyes.
   fail_reason first_reason_ = fail_reason::none;
   int first_culprit_ = -1;
-  std::weak_ptr<asio::steady_timer> close_timer_;  // close(): cuts links still busy
+  std::weak_ptr<asio::steady_timer> close_timer_;  // close(): drains the links
   std::function<void()> on_closed_;                // close(): every link is closed
   std::uint64_t next_id_ = 0;
   bool aborted_ = false;

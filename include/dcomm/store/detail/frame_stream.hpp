@@ -72,6 +72,8 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   }
 
   tcp::socket& socket() noexcept { return socket_; }
+  // Nothing queued or being written (or closed).
+  bool flushed() const noexcept { return closed_ || (!writing_ && outbox_.empty()); }
 
   // Reads one frame body. Its memory grows with the bytes that arrive, not
   // with the length the peer announces.
@@ -81,16 +83,14 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     try {
       std::array<unsigned char, 4> header{};
       // Waits as long as it takes: idle time between frames is the peer's.
-      std::size_t got =
-          co_await socket_.async_read_some(asio::buffer(header), asio::use_awaitable);
+      std::size_t got = co_await socket_.async_read_some(asio::buffer(header), asio::use_awaitable);
       begin_frame();
       if (got < header.size())
         co_await asio::async_read(socket_, asio::buffer(header.data() + got, header.size() - got),
                                   asio::use_awaitable);
-      frame_length_ = static_cast<std::size_t>(header[0]) |
-                      static_cast<std::size_t>(header[1]) << 8 |
-                      static_cast<std::size_t>(header[2]) << 16 |
-                      static_cast<std::size_t>(header[3]) << 24;
+      frame_length_ =
+          static_cast<std::size_t>(header[0]) | static_cast<std::size_t>(header[1]) << 8 |
+          static_cast<std::size_t>(header[2]) << 16 | static_cast<std::size_t>(header[3]) << 24;
       if (frame_length_ > limits_.max_frame_bytes)
         throw_error(errc::protocol_error,
                     {.operation = "read frame",
@@ -168,13 +168,13 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
 
   void take(std::size_t n, const std::string& what) {
     if (limits_.budget && !limits_.budget->try_take(n))
-      throw_error(errc::protocol_error,
-                  {.operation = "tcp_store frame",
-                   .detail = what + " needs " + std::to_string(n) +
-                             " more bytes, but the server already holds " +
-                             std::to_string(limits_.budget->used()) + " of max_buffered_bytes (" +
-                             std::to_string(limits_.budget->limit()) +
-                             ") for frames in flight; refused"});
+      throw_error(
+          errc::protocol_error,
+          {.operation = "tcp_store frame",
+           .detail = what + " needs " + std::to_string(n) +
+                     " more bytes, but the server already holds " +
+                     std::to_string(limits_.budget->used()) + " of max_buffered_bytes (" +
+                     std::to_string(limits_.budget->limit()) + ") for frames in flight; refused"});
     held_ += n;
   }
   void give_back(std::size_t n) noexcept {
@@ -196,8 +196,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     extended_ = false;
     if (!watch_timer_) {
       watch_timer_ = std::make_shared<asio::steady_timer>(socket_.get_executor(), frame_deadline_);
-      asio::co_spawn(socket_.get_executor(), watch(weak_from_this(), watch_timer_),
-                     asio::detached);
+      asio::co_spawn(socket_.get_executor(), watch(weak_from_this(), watch_timer_), asio::detached);
     }
   }
 
@@ -216,14 +215,15 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
         // not run for a while), not that the peer went silent: once per
         // frame, that earns another frame_timeout.
         if (self->extended_ || self->socket_.available(ec) == 0 || ec) {
-          self->fail(error(errc::timeout, {.operation = "read frame",
-                                           .detail = self->stalled_frame()}));
+          self->fail(
+              error(errc::timeout, {.operation = "read frame", .detail = self->stalled_frame()}));
           co_return;
         }
         self->extended_ = true;
         self->frame_deadline_ = now + self->limits_.frame_timeout;
       }
-      timer->expires_at(self->in_frame_ ? self->frame_deadline_ : now + self->limits_.frame_timeout);
+      timer->expires_at(self->in_frame_ ? self->frame_deadline_
+                                        : now + self->limits_.frame_timeout);
     }
   }
 
@@ -247,7 +247,8 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
       co_await asio::async_write(self->socket_, buffers,
                                  asio::redirect_error(asio::use_awaitable, ec));
       self->give_back(4 + frame.body.size());
-      if (ec) self->fail(error(errc::peer_lost, {.operation = "send frame", .detail = ec.message()}));
+      if (ec)
+        self->fail(error(errc::peer_lost, {.operation = "send frame", .detail = ec.message()}));
     }
     self->writing_ = false;
   }

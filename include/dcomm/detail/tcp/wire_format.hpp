@@ -1,0 +1,146 @@
+// The TCP backend's wire format: the fixed header every frame starts with
+// (transport.hpp says what each kind of frame does), and the call signature
+// it carries, by which ranks that make different calls find out. The mesh
+// uses it too: a rank that fails while the mesh forms says goodbye in it.
+#pragma once
+
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/dtype.hpp"
+#include "dcomm/reduce_op.hpp"
+
+namespace dcomm::detail::tcp_net {
+
+// Which collective a message belongs to; part of the call signature.
+enum class coll_op : std::uint8_t {
+  p2p = 0,
+  barrier,
+  broadcast,
+  reduce,
+  all_reduce,
+  scatter,
+  gather,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  all_gather_v,
+  all_to_all_v,
+  counts,  // the count exchange of the _v and object forms
+};
+
+inline const char* name(coll_op op) {
+  static constexpr const char* names[] = {
+      "send/recv",    "barrier",      "broadcast",     "reduce",         "all_reduce",
+      "scatter",      "gather",       "all_gather",    "reduce_scatter", "all_to_all",
+      "all_gather_v", "all_to_all_v", "count exchange"};
+  auto i = static_cast<std::size_t>(op);
+  return i < std::size(names) ? names[i] : "unknown op";
+}
+
+// What a collective was called with. Every message carries the sender's, so
+// ranks that disagree fail with errc::mismatch instead of mixing data.
+struct call_signature {
+  coll_op op = coll_op::p2p;
+  dtype type = dtype::uint8;
+  reduce_kind reduce = reduce_kind::sum;
+  std::uint8_t has_reduce = 0;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;  // elements per rank; 0 for the _v forms
+  // A CUDA tensor staged slice by slice runs the algorithm once per slice:
+  // ranks must agree (0: the whole buffer at once).
+  std::uint32_t slices = 0;
+  // The algorithm asked for (op_options::algorithm, else DCOMM_ALGO's;
+  // automatic: chosen by size, the same on every rank that agrees on the rest).
+  dcomm::algorithm algo = dcomm::algorithm::automatic;
+  std::uint8_t reserved[3] = {};
+
+  friend bool operator==(const call_signature&, const call_signature&) = default;
+};
+
+inline std::string describe(const call_signature& s) {
+  std::string d = name(s.op);
+  if (s.op == coll_op::p2p) return d;
+  if (s.op == coll_op::barrier)
+    return s.algo == dcomm::algorithm::automatic ? d
+                                                 : d + "(" + std::string(dcomm::name(s.algo)) + ")";
+  d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
+  if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
+  if (s.root >= 0) d += ", root " + std::to_string(s.root);
+  if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
+  d += ")";
+  if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
+  return d;
+}
+
+enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
+
+// Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
+// blame, plus one (0: none known).
+enum class fail_reason : std::uint64_t { none = 0, mismatch, peer_lost, timeout, other };
+
+inline const char* describe(fail_reason r) {
+  switch (r) {
+    case fail_reason::mismatch:
+      return "a mismatched call";
+    case fail_reason::peer_lost:
+      return "a lost peer";
+    case fail_reason::timeout:
+      return "a timeout";
+    case fail_reason::other:
+      return "a failed call";
+    case fail_reason::none:
+      break;
+  }
+  return "no failure";
+}
+
+// Where a rank is in a collective, as a probe_reply says (its cookie).
+enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
+
+inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
+
+// Ranks of one job run the same build on the same architecture: the header
+// travels in native byte order; the magic catches anything else.
+struct wire_header {
+  std::uint32_t magic = wire_magic;
+  msg_kind kind = msg_kind::eager;
+  std::uint8_t collective = 0;
+  std::uint16_t reserved = 0;
+  call_signature sig{};
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
+  std::uint32_t step = 0;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
+  std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
+  std::uint64_t cookie2 = 0;  // cts: the receiver's id
+};
+static_assert(std::is_trivially_copyable_v<wire_header>);
+
+// The last frame before an orderly close: the sender leaves after `reason`,
+// blaming `culprit` (-1: nobody known; reason none: it simply finished).
+inline wire_header goodbye(fail_reason reason, int culprit) {
+  wire_header b;
+  b.kind = msg_kind::bye;
+  b.cookie = static_cast<std::uint64_t>(reason);
+  b.cookie2 = static_cast<std::uint64_t>(culprit + 1);
+  return b;
+}
+
+// A goodbye's reason and culprit (-1: none, or not a rank of `world`).
+inline std::pair<fail_reason, int> read_goodbye(const wire_header& h, int world) {
+  const auto reason = h.cookie <= static_cast<std::uint64_t>(fail_reason::other)
+                          ? static_cast<fail_reason>(h.cookie)
+                          : fail_reason::other;
+  const int culprit = h.cookie2 && h.cookie2 <= static_cast<std::uint64_t>(world)
+                          ? static_cast<int>(h.cookie2) - 1
+                          : -1;
+  return {reason, culprit};
+}
+
+}  // namespace dcomm::detail::tcp_net
