@@ -10,7 +10,8 @@
 // --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
 // fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
 // sum|min|max, --algo (ring, recursive_doubling, ...), --chunk-bytes,
-// --eager-limit, --staging-slice (the tcp_backend options), --no-check,
+// --eager-limit, --staging-slice, --no-confirm (confirm_rooted off: the
+// tcp_backend options), --no-check,
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
 // backend stages through page-locked host memory; where built with CUDA).
 //
@@ -72,6 +73,7 @@ struct settings {
   std::string redop = "sum";
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   bool check = true;
+  bool confirm = true;  // tcp_backend::options::confirm_rooted
   std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0;  // 0: the backend's defaults
   bool cuda = false;                                                // tensors in GPU memory
 };
@@ -138,13 +140,15 @@ settings parse(int argc, char** argv) {
 #endif
     } else if (a == "--no-check") {
       s.check = false;
+    } else if (a == "--no-confirm") {
+      s.confirm = false;
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
           "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
-          "                 [--no-check]\n");
+          "                 [--no-confirm] [--no-check]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -425,6 +429,7 @@ int run_rank(const settings& s) {
   if (s.world > 0) o.backend.bind_host = "127.0.0.1";
   if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
   if (s.eager_limit) o.backend.eager_limit = s.eager_limit;
+  o.backend.confirm_rooted = s.confirm;
   if (s.staging_slice) o.backend.staging_slice = s.staging_slice;
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);

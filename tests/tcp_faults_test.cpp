@@ -252,6 +252,37 @@ TEST_SUITE("tcp faults") {
     CHECK(report.empty());
   }
 
+  TEST_CASE("confirm_rooted off: a root returns at once; ranks that disagree on it fail") {
+    DCOMM_TEST_DEADLINE(60s);
+    // Off everywhere: broadcasts and reduces still deliver.
+    DCOMM_REQUIRE_WORLD(
+        3,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          for (int root = 0; root < 3; ++root) {
+            std::vector<int> v(5, r == root ? 40 + root : 0);
+            co_await c.broadcast(v, root, quick());
+            require(v[4] == 40 + root, "broadcast without confirmation: " + std::to_string(v[4]));
+            std::vector<int> one(5, 1);
+            co_await c.reduce(one, root, dcomm::sum, quick());
+            require(r != root || one[0] == 3, "reduce without confirmation");
+          }
+        },
+        20s, dcomm::tcp_backend::options{.confirm_rooted = false});
+    // Ranks that disagree: a call that differs, caught on both sides.
+    auto errors = dcomm::test::comm_world(
+        2,
+        [](comm& c, int) -> asio::awaitable<void> {
+          std::vector<float> v(10);
+          co_await c.broadcast(v, 0, quick());
+        },
+        20s, [](int r) { return dcomm::tcp_backend::options{.confirm_rooted = r == 0}; });
+    INFO(dcomm::test::summary(errors));
+    for (const auto& e : errors) {
+      CHECK(contains(e, "mismatch"));
+      CHECK(contains(e, "without confirmation"));
+    }
+  }
+
   TEST_CASE("a stopped rank is the one every survivor's timeout names") {
     DCOMM_TEST_DEADLINE(120s);
     // Stopped before it enters the call, and in the middle of a large ring.

@@ -160,6 +160,13 @@ class tcp_backend {
     // CUDA) and the same staging_slice, else the call fails with
     // errc::mismatch. Send and recv need not: slices are not seen on the wire.
     std::size_t staging_slice = 4 * 1024 * 1024;
+    // Rooted operations (broadcast, reduce, scatter, gather) confirm that
+    // every rank made the same call before any rank returns (a
+    // dissemination of empty messages, log2(n) rounds beside the algorithm;
+    // docs/communicator.md). Off: a root that only sends returns at once, as
+    // in MPI, and a rank whose call differs is caught only where messages
+    // arrive. Every rank must agree (else errc::mismatch).
+    bool confirm_rooted = true;
     // Per-operation algorithm overrides, "all_reduce=ring,broadcast=chain".
     std::string algorithms = [] {
       const char* v = std::getenv("DCOMM_ALGO");
@@ -583,7 +590,9 @@ class tcp_backend {
             .root = root,
             .count = count,
             .slices = static_cast<std::uint32_t>(slices),
-            .algo = requested(ctx, op)};
+            .algo = requested(ctx, op),
+            .confirmed = static_cast<std::uint8_t>(
+                o_.confirm_rooted && detail::tcp_net::needs_confirmation(op) ? 1 : 0)};
   }
   // The algorithm asked for: by the call, else by DCOMM_ALGO.
   algorithm requested(const op_context& ctx, detail::tcp_net::coll_op op) const {

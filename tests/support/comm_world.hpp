@@ -24,12 +24,12 @@ using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
 
 // Runs body on every rank; returns each rank's error message ("" when it
 // succeeded). Operations default to `timeout`.
+// Each rank's backend options from `backend_of(rank)`.
 inline std::vector<std::string> comm_world(
-    int world, const rank_body& body, std::chrono::milliseconds timeout = std::chrono::seconds(20),
-    tcp_backend::options backend = {}) {
+    int world, const rank_body& body, std::chrono::milliseconds timeout,
+    const std::function<tcp_backend::options(int)>& backend_of) {
   auto table = std::make_shared<hash_store::table>();
   std::vector<std::string> errors(static_cast<std::size_t>(world));
-  if (backend.bind_host.empty()) backend.bind_host = "127.0.0.1";
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < world; ++r)
@@ -39,7 +39,8 @@ inline std::vector<std::string> comm_world(
           auto s = hash_store::create(ctx.get_executor(), table);
           sync_wait(ctx, [&]() -> asio::awaitable<void> {
             init_options<tcp_backend> o{.timeout = timeout, .job_token = ""};
-            o.backend = backend;
+            o.backend = backend_of(r);
+            if (o.backend.bind_host.empty()) o.backend.bind_host = "127.0.0.1";
             auto c = co_await init_process_group<tcp_backend>(ctx.get_executor(), s, r, world, o);
             co_await body(c, r);
           }());
@@ -49,6 +50,12 @@ inline std::vector<std::string> comm_world(
       });
   }
   return errors;
+}
+
+inline std::vector<std::string> comm_world(
+    int world, const rank_body& body, std::chrono::milliseconds timeout = std::chrono::seconds(20),
+    tcp_backend::options backend = {}) {
+  return comm_world(world, body, timeout, [&](int) { return backend; });
 }
 
 inline std::string summary(const std::vector<std::string>& errors) {

@@ -90,7 +90,7 @@ class call {
     key_.group = group_.id;
     key_.seq = ctx.seq;
     if (collective) op_.members = group_.ranks;
-    if (collective && needs_confirmation(sig.op) && group_.size() > 1) {
+    if (collective && sig.confirmed && group_.size() > 1) {
       rounds_left_ = 0;
       for (int distance = 1; distance < group_.size(); distance <<= 1) ++rounds_left_;
     }

@@ -57,7 +57,9 @@ struct call_signature {
   // The algorithm asked for (op_options::algorithm, else DCOMM_ALGO's;
   // automatic: chosen by size, the same on every rank that agrees on the rest).
   dcomm::algorithm algo = dcomm::algorithm::automatic;
-  std::uint8_t reserved[3] = {};
+  // A rooted operation with its confirmation (call.hpp): ranks must agree.
+  std::uint8_t confirmed = 0;
+  std::uint8_t reserved[2] = {};
 
   friend bool operator==(const call_signature&, const call_signature&) = default;
 };
@@ -74,6 +76,9 @@ inline std::string describe(const call_signature& s) {
   if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
   d += ")";
   if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
+  const bool rooted = s.op == coll_op::broadcast || s.op == coll_op::reduce ||
+                      s.op == coll_op::scatter || s.op == coll_op::gather;
+  if (rooted && !s.confirmed) d += " without confirmation (confirm_rooted off)";
   return d;
 }
 
