@@ -25,8 +25,11 @@
 #include "dcomm/detail/hmac.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "support/deadline.hpp"
+#include "support/process_probe.hpp"
 
 using namespace std::chrono_literals;
+using dcomm::test::is_fresh_token;
+using dcomm::test::start_time_if_running;
 
 namespace {
 
@@ -116,26 +119,6 @@ std::vector<std::string> values_of(const std::string& text, const std::string& k
     if (auto at = line.find(key + "="); at != std::string::npos)
       values.push_back(line.substr(at + key.size() + 1));
   return values;
-}
-
-bool is_fresh_token(const std::string& t) {
-  return t.size() == 64 && t.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
-
-// A process's start time (field 22 of /proc/PID/stat); "" when it is gone or
-// a zombie. A pid with the start time seen earlier is the same process.
-std::string start_time_if_running(pid_t pid) {
-  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(file, stat)) return "";
-  auto close_paren = stat.rfind(')');  // the command name may hold anything
-  if (close_paren == std::string::npos) return "";
-  std::istringstream fields(stat.substr(close_paren + 1));
-  std::string state, field;
-  fields >> state;  // field 3
-  if (state == "Z" || state == "X") return "";
-  for (int i = 4; i <= 22; ++i) fields >> field;  // fields 4 to 22, the start time
-  return fields ? field : "";
 }
 
 // Waits (a few seconds at most) until none of `processes` (pid, start time)

@@ -214,13 +214,15 @@ class tcp_backend {
   asio::any_io_executor get_executor() const { return ex_; }
   int rank() const { return net_->rank(); }
   int world_size() const { return net_->world(); }
-  // Whom the links closed so far blame: ranks that died, or the culprits
-  // named by ranks that left because of them. On the backend's executor;
-  // start-up uses it to name a rank that died before the job began.
+  // Whom the links closed so far blame (those that left in order, done,
+  // aside): ranks that died, or the culprits named by ranks that left
+  // because of them. On the backend's executor; start-up uses it to name a
+  // rank that died before the job began.
   std::vector<int> lost_peers() const {
     std::vector<int> blamed;
     for (int p = 0; p < world_size(); ++p)
-      if (p != rank() && net_->peer_lost(p)) blamed.push_back(net_->blame_for_loss(p));
+      if (p != rank() && net_->peer_lost(p) && !net_->left_in_order(p))
+        blamed.push_back(net_->blame_for_loss(p));
     std::sort(blamed.begin(), blamed.end());
     blamed.erase(std::unique(blamed.begin(), blamed.end()), blamed.end());
     return blamed;

@@ -355,8 +355,10 @@ inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, tcp::socket& 
     acceptance::loss l{peer, peer, tcp_net::fail_reason::peer_lost};
     if (n > 0) {
       auto [reason, culprit] = tcp_net::read_goodbye(h, st->world);
-      if (reason != tcp_net::fail_reason::none && culprit >= 0 && culprit != st->rank)
-        l = {culprit, peer, reason};
+      // Done with start-up and gone again in order: no failure of ours
+      // (calls that need it will say so).
+      if (reason == tcp_net::fail_reason::none) co_return;
+      if (culprit >= 0 && culprit != st->rank) l = {culprit, peer, reason};
     }
     st->lost.push_back(l);
     st->done.cancel();

@@ -278,6 +278,11 @@ class transport : public std::enable_shared_from_this<transport> {
   const transport_options& options() const { return options_; }
   const asio::any_io_executor& get_executor() const { return ex_; }
   bool peer_lost(int p) const { return links_[static_cast<std::size_t>(p)]->lost; }
+  // Whether rank p left in order, having failed nothing (its goodbye said so).
+  bool left_in_order(int p) const {
+    const link& l = *links_[static_cast<std::size_t>(p)];
+    return l.said_bye && l.bye_reason == fail_reason::none;
+  }
   // Whom the loss of rank p's link blames: the culprit its goodbye named,
   // or p itself (it left without one: died).
   int blame_for_loss(int p) const {
@@ -741,6 +746,17 @@ class transport : public std::enable_shared_from_this<transport> {
     first_culprit_ = culprit;
   }
 
+  // A frame about a collective call as a whole (not one of its messages).
+  static wire_header call_frame(msg_kind kind, const op_state& op) {
+    wire_header h;
+    h.kind = kind;
+    h.collective = 1;
+    h.sig = op.sig;
+    h.group = op.group;
+    h.seq = op.seq;
+    return h;
+  }
+
   // Asks every live member of a collective that reached its deadline where
   // it is in the call; the answers (or their absence) name the culprit.
   // False if there is nobody to ask.
@@ -748,12 +764,7 @@ class transport : public std::enable_shared_from_this<transport> {
     if (!op.collective || stopped()) return false;
     op.probe = std::make_unique<op_state::probe_answers>();
     op.probe->answers.assign(op.members.size(), call_progress{});
-    wire_header h;
-    h.kind = msg_kind::probe;
-    h.collective = 1;
-    h.sig = op.sig;
-    h.group = op.group;
-    h.seq = op.seq;
+    const wire_header h = call_frame(msg_kind::probe, op);
     for (int p : op.members) {
       if (p == rank_ || peer_lost(p)) continue;
       links_[static_cast<std::size_t>(p)]->frames.push_back({h, nullptr, 0, nullptr});
@@ -883,12 +894,7 @@ class transport : public std::enable_shared_from_this<transport> {
       if (e.code() == errc::timeout) reason = fail_reason::timeout;
     } catch (...) {
     }
-    wire_header f;
-    f.kind = msg_kind::fail;
-    f.collective = 1;
-    f.sig = op.sig;
-    f.group = op.group;
-    f.seq = op.seq;
+    wire_header f = call_frame(msg_kind::fail, op);
     f.cookie = static_cast<std::uint64_t>(reason);
     f.cookie2 = static_cast<std::uint64_t>(
         (reason == fail_reason::peer_lost ? op.lost_rank : op.culprit) + 1);
