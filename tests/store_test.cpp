@@ -426,11 +426,10 @@ TEST_SUITE("tcp_store") {
       dcomm::test::closed_within(sock, 15s);  // until the client gives up
     });
     asio::io_context ctx;
-    auto s = dcomm::tcp_store::create(ctx.get_executor(),
-                                      {.host = "127.0.0.1",
-                                       .port = acceptor.local_endpoint().port(),
-                                       .timeout = 20s,
-                                       .frame_timeout = 300ms});
+    auto s = dcomm::tcp_store::create(ctx.get_executor(), {.host = "127.0.0.1",
+                                                           .port = acceptor.local_endpoint().port(),
+                                                           .timeout = 20s,
+                                                           .frame_timeout = 300ms});
     auto start = std::chrono::steady_clock::now();
     auto what = expect_error(errc::timeout, [&] { dcomm::sync_wait(ctx, s->get("k", 20s)); });
     // Not at the get's own deadline (20 s, plus the grace for the answer).
@@ -449,10 +448,9 @@ TEST_SUITE("tcp_store") {
     using dcomm::test::raw_client;
     dcomm::test::stderr_capture log;
     dcomm::detail::io_thread server_thread;
-    auto server = dcomm::tcp_store_server::start(server_thread.get_executor(),
-                                                 {.bind_host = "127.0.0.1",
-                                                  .max_frame_bytes = 8 << 20,
-                                                  .max_buffered_bytes = 7 << 20});
+    auto server = dcomm::tcp_store_server::start(
+        server_thread.get_executor(),
+        {.bind_host = "127.0.0.1", .max_frame_bytes = 8 << 20, .max_buffered_bytes = 7 << 20});
     asio::io_context ctx;
     auto good = dcomm::tcp_store::create(
         ctx.get_executor(),

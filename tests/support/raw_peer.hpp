@@ -74,8 +74,8 @@ inline std::string request(std::uint64_t id, detail::store_op op, detail::wire_w
 inline std::string read_frame(tcp::socket& socket) {
   std::array<unsigned char, 4> header{};
   asio::read(socket, asio::buffer(header));
-  std::uint32_t length = header[0] | header[1] << 8 | header[2] << 16 |
-                         static_cast<std::uint32_t>(header[3]) << 24;
+  std::uint32_t length =
+      header[0] | header[1] << 8 | header[2] << 16 | static_cast<std::uint32_t>(header[3]) << 24;
   std::string body(length, '\0');
   asio::read(socket, asio::buffer(body));
   return body;

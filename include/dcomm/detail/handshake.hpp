@@ -89,8 +89,7 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
 // A proof without a MAC, sent by a client that is leaving, so that the
 // server can name the reason. Best effort: the client fails either way.
 inline asio::awaitable<void> send_bare_proof(tcp::socket& socket, std::uint8_t kind,
-                                             clock::time_point deadline,
-                                             const error_context& ctx) {
+                                             clock::time_point deadline, const error_context& ctx) {
   wire_writer proof;
   proof.u8(kind).raw(std::string(32, '\0'));
   try {
@@ -100,8 +99,7 @@ inline asio::awaitable<void> send_bare_proof(tcp::socket& socket, std::uint8_t k
 }
 
 inline asio::awaitable<void> client_steps(tcp::socket& socket, const handshake_config& config,
-                                          const std::string& address,
-                                          clock::time_point deadline) {
+                                          const std::string& address, clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
                     .address = address};
@@ -187,11 +185,11 @@ inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handsha
   } catch (...) {
     failure = std::current_exception();
   }
-  rethrow_as_dcomm_error(
-      failure, {.operation = "handshake (" + config.purpose + ")",
-                .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
-                .address = address,
-                .detail = "the connection broke during the handshake"});
+  rethrow_as_dcomm_error(failure,
+                         {.operation = "handshake (" + config.purpose + ")",
+                          .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
+                          .address = address,
+                          .detail = "the connection broke during the handshake"});
 }
 
 struct handshake_peer {
