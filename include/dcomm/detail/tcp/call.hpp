@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -210,20 +211,17 @@ class call {
         confirm_distance_ <<= 1;
         if (--rounds_left_ == 0) return;
       }
+      // Steps of its own, whatever the step base of a slice.
       const int n = size(), r = rank();
-      const std::uint32_t step = confirmation_step + static_cast<std::uint32_t>(round_++);
-      io_item& out = t_.new_item(op_);
-      out.peer = global(mod(r + confirm_distance_, n));
-      out.key = key_;
+      const auto step =
+          confirmation_step +
+          static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(confirm_distance_)));
+      io_item& out = make(mod(r + confirm_distance_, n), 0, 0);
       out.key.step = step;
-      out.sig = op_.sig;
       out.is_send = true;
       t_.post_send(out);
-      io_item& in = t_.new_item(op_);
-      in.peer = global(mod(r - confirm_distance_, n));
-      in.key = key_;
+      io_item& in = make(mod(r - confirm_distance_, n), 0, 0);
       in.key.step = step;
-      in.sig = op_.sig;
       confirm_recv_ = &in;
       t_.post_recv(in);
     }
@@ -245,9 +243,8 @@ class call {
   match_key key_{};
   std::uint32_t step_base_ = 0;
   // The confirmation: rounds still to complete, and the current round's
-  // receive and distance.
+  // receive and distance (round k: 2^k).
   int rounds_left_ = 0;
-  int round_ = 0;
   int confirm_distance_ = 1;
   io_item* confirm_recv_ = nullptr;
 };
