@@ -1,6 +1,6 @@
 // The CPU backend over TCP: a full mesh of authenticated sockets (one per
 // pair of ranks, shared by every group), framed messages matched by group,
-// tag or sequence number, and the collective algorithms in detail/tcp/.
+// tag or sequence number, and the collective algorithms in tcp/algorithms/.
 // Use it through communicator<tcp_backend> (communicator.hpp).
 #pragma once
 
@@ -18,119 +18,22 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/detail/device_memory.hpp"
-#include "dcomm/detail/tcp/all_gather.hpp"
-#include "dcomm/detail/tcp/all_reduce.hpp"
-#include "dcomm/detail/tcp/all_to_all.hpp"
-#include "dcomm/detail/tcp/barrier.hpp"
-#include "dcomm/detail/tcp/broadcast.hpp"
-#include "dcomm/detail/tcp/call.hpp"
-#include "dcomm/detail/tcp/gather_scatter.hpp"
-#include "dcomm/detail/tcp/reduce.hpp"
-#include "dcomm/detail/tcp/reduce_scatter.hpp"
-#include "dcomm/detail/tcp/transport.hpp"
-#include "dcomm/detail/tcp_mesh.hpp"
+#include "dcomm/tcp/algorithms/all_gather.hpp"
+#include "dcomm/tcp/algorithms/all_reduce.hpp"
+#include "dcomm/tcp/algorithms/all_to_all.hpp"
+#include "dcomm/tcp/algorithms/barrier.hpp"
+#include "dcomm/tcp/algorithms/broadcast.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/algorithms/gather.hpp"
+#include "dcomm/tcp/algorithms/scatter.hpp"
+#include "dcomm/tcp/algorithms/reduce.hpp"
+#include "dcomm/tcp/algorithms/reduce_scatter.hpp"
+#include "dcomm/tcp/transport.hpp"
+#include "dcomm/tcp/tuning.hpp"
+#include "dcomm/tcp/mesh.hpp"
 #include "dcomm/store/store.hpp"
 
 namespace dcomm {
-
-namespace detail::tcp_net {
-
-// The algorithms of each collective, for small and for large messages (the
-// same where it has one): chosen by size unless a call or DCOMM_ALGO asks
-// for one of them.
-struct algorithm_choice {
-  coll_op op;
-  algorithm small, large;
-};
-inline constexpr algorithm_choice algorithm_table[] = {
-    {coll_op::barrier, algorithm::automatic, algorithm::automatic},  // dissemination only
-    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain},
-    {coll_op::reduce, algorithm::binomial_tree, algorithm::chain},
-    {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring},
-    {coll_op::scatter, algorithm::direct, algorithm::direct},
-    {coll_op::gather, algorithm::direct, algorithm::direct},
-    {coll_op::all_gather, algorithm::direct, algorithm::ring},
-    {coll_op::reduce_scatter, algorithm::direct, algorithm::ring},
-    {coll_op::all_to_all, algorithm::direct, algorithm::direct},
-    {coll_op::all_gather_v, algorithm::direct, algorithm::direct},
-    {coll_op::all_to_all_v, algorithm::direct, algorithm::direct},
-};
-
-inline const algorithm_choice& algorithms_of(coll_op op) {
-  for (const auto& c : algorithm_table)
-    if (c.op == op) return c;
-  return algorithm_table[0];
-}
-
-// Empty if `a` may be asked of `operation` (a communicator operation's
-// name), else why not.
-inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
-  if (a == algorithm::automatic) return {};
-  for (const auto& c : algorithm_table) {
-    if (operation != name(c.op)) continue;
-    if (a == c.small || a == c.large) return {};
-    if (c.small == algorithm::automatic)
-      return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-             std::string(operation) + " (it has one algorithm: leave it automatic)";
-    return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-           std::string(operation) + " (it has " + std::string(dcomm::name(c.small)) +
-           (c.large == c.small ? std::string() : " and " + std::string(dcomm::name(c.large))) + ")";
-  }
-  return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-         std::string(operation) + " (it has no algorithm to choose: leave it automatic)";
-}
-
-// "all_reduce=ring,broadcast=chain" (the DCOMM_ALGO variable) as overrides.
-inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view spec) {
-  std::map<coll_op, algorithm> out;
-  auto fail = [&](std::string why) {
-    throw_error(errc::invalid_argument,
-                {.operation = "tcp_backend",
-                 .key = "DCOMM_ALGO",
-                 .seen = std::string(spec),
-                 .detail = why + "; expected op=algorithm[,op=algorithm...], e.g. "
-                                 "all_reduce=ring,broadcast=chain"});
-  };
-  while (!spec.empty()) {
-    auto comma = spec.find(',');
-    auto item = spec.substr(0, comma);
-    spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
-    if (item.empty()) continue;
-    auto eq = item.find('=');
-    if (eq == std::string_view::npos) fail("'" + std::string(item) + "' has no '='");
-    auto op_name = item.substr(0, eq);
-    auto a = parse_algorithm(item.substr(eq + 1));
-    if (!a) fail("unknown algorithm '" + std::string(item.substr(eq + 1)) + "'");
-    std::optional<coll_op> op;
-    for (int i = 1; i <= static_cast<int>(coll_op::all_to_all); ++i)
-      if (op_name == name(static_cast<coll_op>(i))) op = static_cast<coll_op>(i);
-    if (!op) fail("unknown operation '" + std::string(op_name) + "'");
-    if (auto why = refuse_algorithm(op_name, *a); !why.empty()) fail(why);
-    out[*op] = *a;
-  }
-  return out;
-}
-
-// The local address that routes to `host`, found without sending anything
-// (a connected UDP socket); empty if there is no route.
-inline std::string local_address_towards(const asio::any_io_executor& ex, const std::string& host) {
-  if (host.empty()) return {};
-  asio::error_code ec;
-  auto target = asio::ip::make_address(host, ec);
-  if (ec) {
-    asio::ip::udp::resolver resolver(ex);
-    auto results = resolver.resolve(host, "9", ec);
-    if (ec || results.empty()) return {};
-    target = results.begin()->endpoint().address();
-  }
-  asio::ip::udp::socket probe(ex);
-  probe.connect({target, 9}, ec);
-  if (ec) return {};
-  auto local = probe.local_endpoint(ec);
-  return ec ? std::string{} : local.address().to_string();
-}
-
-}  // namespace detail::tcp_net
 
 class tcp_backend {
  public:
@@ -182,25 +85,25 @@ class tcp_backend {
                                                               std::string store_host, options o,
                                                               clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
-    auto overrides = detail::tcp_net::parse_algorithm_overrides(o.algorithms);
+    auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
     std::string advertise = o.advertise_host;
     if (advertise.empty())
       if (const char* v = std::getenv("DCOMM_SOCKET_ADDR"); v && *v) advertise = v;
     if (advertise.empty() && !o.bind_host.empty() && o.bind_host != "0.0.0.0" &&
         o.bind_host != "::")
       advertise = o.bind_host;
-    if (advertise.empty()) advertise = detail::tcp_net::local_address_towards(ex, store_host);
+    if (advertise.empty()) advertise = detail::local_address_towards(ex, store_host);
     if (advertise.empty()) advertise = "127.0.0.1";
-    detail::mesh_options mesh{.purpose = "tcp_backend",
+    tcp::mesh_options mesh{.purpose = "tcp_backend",
                               .job_token = std::move(job_token),
                               .bind_host = o.bind_host,
                               .advertise_host = advertise};
-    auto sockets = co_await detail::connect_mesh(s, rank, world, mesh, deadline);
+    auto sockets = co_await tcp::connect_mesh(s, rank, world, mesh, deadline);
     for (auto& socket : sockets)
       if (socket.is_open()) tune(socket);
-    auto net = std::make_shared<detail::tcp_net::transport>(
+    auto net = std::make_shared<tcp::transport>(
         ex, rank, world, std::move(sockets),
-        detail::tcp_net::transport_options{.eager_limit = o.eager_limit});
+        tcp::transport_options{.eager_limit = o.eager_limit});
     net->start();
     co_return std::shared_ptr<tcp_backend>(new tcp_backend(ex, std::move(net), o, overrides));
   }
@@ -243,7 +146,7 @@ class tcp_backend {
   // Refuses, before the call takes a sequence number, an algorithm the
   // operation does not have.
   static void check_algorithm(std::string_view operation, algorithm a) {
-    if (auto why = detail::tcp_net::refuse_algorithm(operation, a); !why.empty())
+    if (auto why = tcp::refuse_algorithm(operation, a); !why.empty())
       throw_error(errc::invalid_argument, {.operation = std::string(operation), .detail = why});
   }
 
@@ -269,8 +172,8 @@ class tcp_backend {
       // One message; its data goes as the slices reach the host. It is
       // announced before anything is awaited: a later send with the same
       // tag must not overtake it.
-      detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
-      detail::tcp_net::io_item* message = nullptr;
+      tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+      tcp::io_item* message = nullptr;
       co_await sliced_call(
           c, ctx, slice_plan(in, o_.staging_slice), in.data, nullptr, in.device.index, "send",
           [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
@@ -285,7 +188,7 @@ class tcp_backend {
       co_await send(ctx, st.in(in), peer);
       co_return;
     }
-    detail::tcp_net::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+    tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
     co_await c.run([&]() -> detail::task<void> {
       c.send(peer, 0, in.data, in.bytes());
       co_return;
@@ -294,8 +197,8 @@ class tcp_backend {
   detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (sliced(out)) {
       // Each slice goes to the device as soon as it has arrived.
-      detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
-      detail::tcp_net::io_item* message = nullptr;
+      tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+      tcp::io_item* message = nullptr;
       co_await sliced_call(
           c, ctx, slice_plan(out, o_.staging_slice), nullptr, out.data, out.device.index, "recv",
           [&](char* host, std::size_t slice_bytes) {
@@ -312,7 +215,7 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    detail::tcp_net::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+    tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
     co_await c.run([&]() -> detail::task<void> {
       c.recv(peer, 0, out.data, out.bytes());
       co_return;
@@ -321,17 +224,17 @@ class tcp_backend {
 
   // --- collectives ---
   detail::task<void> barrier(op_context ctx) {
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, detail::tcp_net::coll_op::barrier),
+    tcp::call c(*net_, ctx, true, sig(ctx, tcp::coll_op::barrier),
                             "barrier");
     co_await c.run(
-        [&]() -> detail::task<void> { co_await detail::tcp_net::dissemination_barrier(c); });
+        [&]() -> detail::task<void> { co_await tcp::dissemination_barrier(c); });
   }
 
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
     if (sliced(buf) && ctx.group->size() > 1) {
-      using detail::tcp_net::coll_op;
+      using tcp::coll_op;
       const slice_plan plan(buf, o_.staging_slice);
-      detail::tcp_net::call c(
+      tcp::call c(
           *net_, ctx, true,
           sig(ctx, coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices),
           "broadcast");
@@ -349,8 +252,8 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true,
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true,
                             sig(ctx, coll_op::broadcast, buf.type, buf.count, root), "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (c.size() == 1) co_return;
@@ -362,9 +265,9 @@ class tcp_backend {
                             int root) {
     const bool in_place = in.data == out.data;
     if (sliced(in) && (in_place || sliced(out))) {
-      using detail::tcp_net::coll_op;
+      using tcp::coll_op;
       const slice_plan plan(in, o_.staging_slice);
-      detail::tcp_net::call c(*net_, ctx, true,
+      tcp::call c(*net_, ctx, true,
                               sig(ctx, coll_op::reduce, in.type, in.count, root, &op, plan.slices),
                               "reduce");
       // In place on a slice of the block: the result goes back to the
@@ -384,8 +287,8 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true,
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true,
                             sig(ctx, coll_op::reduce, in.type, in.count, root, &op), "reduce");
     co_await c.run([&]() -> detail::task<void> {
       co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
@@ -395,9 +298,9 @@ class tcp_backend {
   detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op) {
     const bool in_place = in.data == out.data;
     if (sliced(out) && (in_place || sliced(in))) {
-      using detail::tcp_net::coll_op;
+      using tcp::coll_op;
       const slice_plan plan(out, o_.staging_slice);
-      detail::tcp_net::call c(
+      tcp::call c(
           *net_, ctx, true,
           sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices), "all_reduce");
       co_await sliced_call(c, ctx, plan, in.data, out.data, out.device.index, "all_reduce",
@@ -413,8 +316,8 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true,
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true,
                             sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op),
                             "all_reduce");
     co_await c.run([&]() -> detail::task<void> {
@@ -431,12 +334,12 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root),
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root),
                             "scatter");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::scatter, true);
-      co_await detail::tcp_net::direct_scatter(c, in.data, out.data, out.bytes(), root);
+      co_await tcp::direct_scatter(c, in.data, out.data, out.bytes(), root);
     });
   }
 
@@ -449,12 +352,12 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root),
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root),
                             "gather");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::gather, true);
-      co_await detail::tcp_net::direct_gather(c, in.data, out.data, in.bytes(), root);
+      co_await tcp::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
 
@@ -466,16 +369,16 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count),
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count),
                             "all_gather");
     co_await c.run([&]() -> detail::task<void> {
       auto a = choose(c, coll_op::all_gather, out.bytes() <= o_.small_all_gather);
       if (a == algorithm::direct)
-        co_await detail::tcp_net::direct_all_gather(c, in.data, out.data, in.count,
+        co_await tcp::direct_all_gather(c, in.data, out.data, in.count,
                                                     size_of(in.type));
       else
-        co_await detail::tcp_net::ring_all_gather(c, in.data, out.data, in.count, size_of(in.type),
+        co_await tcp::ring_all_gather(c, in.data, out.data, in.count, size_of(in.type),
                                                   o_.chunk_bytes);
     });
   }
@@ -490,17 +393,17 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true,
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true,
                             sig(ctx, coll_op::reduce_scatter, out.type, out.count, -1, &op),
                             "reduce_scatter");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
       auto a = choose(c, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter);
       if (a == algorithm::direct || c.size() == 1)
-        co_await detail::tcp_net::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
+        co_await tcp::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
       else
-        co_await detail::tcp_net::ring_reduce_scatter(c, in.data, out.data, out.count, es, op,
+        co_await tcp::ring_reduce_scatter(c, in.data, out.data, out.count, es, op,
                                                       o_.chunk_bytes);
     });
   }
@@ -514,13 +417,13 @@ class tcp_backend {
       st.copy_back();
       co_return;
     }
-    using detail::tcp_net::coll_op;
+    using tcp::coll_op;
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, in.type, in.count / n),
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, in.type, in.count / n),
                             "all_to_all");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all, true);
-      co_await detail::tcp_net::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
+      co_await tcp::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
     });
   }
 
@@ -530,13 +433,13 @@ class tcp_backend {
       detail::host_staging st(pinned_);
       co_return co_await all_gather_v(ctx, st.in(in), std::move(alloc));
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0),
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0),
                             "all_gather_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_gather_v, true);
-      counts = co_await detail::tcp_net::direct_all_gather_v(c, in, alloc);
+      counts = co_await tcp::direct_all_gather_v(c, in, alloc);
     });
     co_return counts;
   }
@@ -548,13 +451,13 @@ class tcp_backend {
       detail::host_staging st(pinned_);
       co_return co_await all_to_all_v(ctx, st.in(in), std::move(send_counts), std::move(alloc));
     }
-    using detail::tcp_net::coll_op;
-    detail::tcp_net::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0),
+    using tcp::coll_op;
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0),
                             "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all_v, true);
-      counts = co_await detail::tcp_net::direct_all_to_all_v(c, in, send_counts, alloc);
+      counts = co_await tcp::direct_all_to_all_v(c, in, send_counts, alloc);
     });
     co_return counts;
   }
@@ -562,27 +465,27 @@ class tcp_backend {
   const options& settings() const { return o_; }
 
  private:
-  tcp_backend(asio::any_io_executor ex, std::shared_ptr<detail::tcp_net::transport> net, options o,
-              std::map<detail::tcp_net::coll_op, algorithm> overrides)
+  tcp_backend(asio::any_io_executor ex, std::shared_ptr<tcp::transport> net, options o,
+              std::map<tcp::coll_op, algorithm> overrides)
       : ex_(std::move(ex)),
         net_(std::move(net)),
         o_(std::move(o)),
         overrides_(std::move(overrides)) {}
 
-  static void tune(detail::tcp::socket& socket) {
+  static void tune(detail::ip_tcp::socket& socket) {
     asio::error_code ignored;
-    socket.set_option(detail::tcp::no_delay(true), ignored);
+    socket.set_option(detail::ip_tcp::no_delay(true), ignored);
     // Generous buffers keep a large message flowing while the receiver is
     // busy reducing the previous chunk.
     socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
     socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
   }
 
-  static detail::tcp_net::call_signature p2p_sig(dtype t, std::size_t count) {
-    return {.op = detail::tcp_net::coll_op::p2p, .type = t, .count = count};
+  static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
+    return {.op = tcp::coll_op::p2p, .type = t, .count = count};
   }
   // `slices`: of a CUDA tensor staged slice by slice (0: not sliced).
-  detail::tcp_net::call_signature sig(const op_context& ctx, detail::tcp_net::coll_op op,
+  tcp::call_signature sig(const op_context& ctx, tcp::coll_op op,
                                       dtype t = dtype::uint8, std::size_t count = 0, int root = -1,
                                       const reducer* r = nullptr, std::size_t slices = 0) const {
     return {.op = op,
@@ -594,10 +497,10 @@ class tcp_backend {
             .slices = static_cast<std::uint32_t>(slices),
             .algo = requested(ctx, op),
             .confirmed = static_cast<std::uint8_t>(
-                o_.confirm_rooted && detail::tcp_net::needs_confirmation(op) ? 1 : 0)};
+                o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0)};
   }
   // The algorithm asked for: by the call, else by DCOMM_ALGO.
-  algorithm requested(const op_context& ctx, detail::tcp_net::coll_op op) const {
+  algorithm requested(const op_context& ctx, tcp::coll_op op) const {
     if (ctx.algorithm != algorithm::automatic) return ctx.algorithm;
     auto o = overrides_.find(op);
     return o == overrides_.end() ? algorithm::automatic : o->second;
@@ -605,38 +508,38 @@ class tcp_backend {
 
   // The algorithm asked for, or the table's pick by size. (The front end
   // refused the call before it started if the algorithm is not the op's.)
-  static algorithm choose(detail::tcp_net::call& c, detail::tcp_net::coll_op op, bool small) {
-    const auto& choice = detail::tcp_net::algorithms_of(op);
+  static algorithm choose(tcp::call& c, tcp::coll_op op, bool small) {
+    const auto& choice = tcp::algorithms_of(op);
     const algorithm a = c.signature().algo;
     if (a == algorithm::automatic) return small ? choice.small : choice.large;
     if (a != choice.small && a != choice.large)
-      c.invalid(detail::tcp_net::refuse_algorithm(detail::tcp_net::name(op), a));
+      c.invalid(tcp::refuse_algorithm(tcp::name(op), a));
     return a;
   }
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
-  detail::task<void> broadcast_on(detail::tcp_net::call& c, void* data, std::size_t bytes,
+  detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes,
                                   int root) {
-    using detail::tcp_net::coll_op;
+    using tcp::coll_op;
     auto a = choose(c, coll_op::broadcast, bytes <= o_.small_broadcast);
     if (a == algorithm::binomial_tree)
-      co_await detail::tcp_net::binomial_broadcast(c, data, bytes, root);
+      co_await tcp::binomial_broadcast(c, data, bytes, root);
     else
-      co_await detail::tcp_net::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
+      co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
   }
-  detail::task<void> reduce_on(detail::tcp_net::call& c, const void* in, void* out,
+  detail::task<void> reduce_on(tcp::call& c, const void* in, void* out,
                                std::size_t count, dtype type, const reducer& op, int root) {
-    using detail::tcp_net::coll_op;
+    using tcp::coll_op;
     const std::size_t es = size_of(type);
     auto a = choose(c, coll_op::reduce, count * es <= o_.small_broadcast);
     if (a == algorithm::binomial_tree || c.size() == 1)
-      co_await detail::tcp_net::binomial_reduce(c, in, out, count, es, op, root);
+      co_await tcp::binomial_reduce(c, in, out, count, es, op, root);
     else
-      co_await detail::tcp_net::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
+      co_await tcp::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
   }
-  detail::task<void> all_reduce_on(detail::tcp_net::call& c, const void* in, void* out,
+  detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out,
                                    std::size_t count, dtype type, const reducer& op) {
-    using detail::tcp_net::coll_op;
+    using tcp::coll_op;
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
     auto a =
@@ -644,9 +547,9 @@ class tcp_backend {
                count * es <= o_.small_all_reduce || count < static_cast<std::size_t>(c.size()));
     if (a == algorithm::recursive_doubling || c.size() == 1) {
       if (!in_place && count) std::memcpy(out, in, count * es);
-      co_await detail::tcp_net::recursive_doubling_all_reduce(c, out, count, es, op);
+      co_await tcp::recursive_doubling_all_reduce(c, out, count, es, op);
     } else {
-      co_await detail::tcp_net::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op,
+      co_await tcp::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op,
                                                 o_.chunk_bytes);
     }
   }
@@ -691,7 +594,7 @@ class tcp_backend {
   // result goes (null: nowhere). A collective's slices run its algorithm
   // with steps of their own (call::set_step_base).
   template <class Start, class Body>
-  detail::task<void> sliced_call(detail::tcp_net::call& c, const op_context& ctx,
+  detail::task<void> sliced_call(tcp::call& c, const op_context& ctx,
                                  const slice_plan& plan, const void* src, void* dst, int device,
                                  const char* operation, Start start, Body body) {
     auto copies = std::make_shared<detail::copy_thread::batch>();
@@ -782,9 +685,9 @@ class tcp_backend {
   }
 
   asio::any_io_executor ex_;
-  std::shared_ptr<detail::tcp_net::transport> net_;
+  std::shared_ptr<tcp::transport> net_;
   options o_;
-  std::map<detail::tcp_net::coll_op, algorithm> overrides_;
+  std::map<tcp::coll_op, algorithm> overrides_;
   detail::pinned_blocks pinned_;  // staging for CUDA tensors
   // Copies of sliced CUDA tensors (its thread starts with the first one);
   // gone before the blocks it copies into.

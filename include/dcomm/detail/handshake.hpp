@@ -58,7 +58,7 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
   return m;
 }
 
-inline asio::awaitable<void> write_all(tcp::socket& socket, std::string bytes,
+inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes,
                                        clock::time_point deadline, const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
@@ -67,7 +67,7 @@ inline asio::awaitable<void> write_all(tcp::socket& socket, std::string bytes,
                          });
 }
 
-inline asio::awaitable<std::string> read_n(tcp::socket& socket, std::size_t n,
+inline asio::awaitable<std::string> read_n(ip_tcp::socket& socket, std::size_t n,
                                            clock::time_point deadline, const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
@@ -88,7 +88,7 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
 
 // A proof without a MAC, sent by a client that is leaving, so that the
 // server can name the reason. Best effort: the client fails either way.
-inline asio::awaitable<void> send_bare_proof(tcp::socket& socket, std::uint8_t kind,
+inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_t kind,
                                              clock::time_point deadline, const error_context& ctx) {
   wire_writer proof;
   proof.u8(kind).raw(std::string(32, '\0'));
@@ -98,7 +98,7 @@ inline asio::awaitable<void> send_bare_proof(tcp::socket& socket, std::uint8_t k
   }
 }
 
-inline asio::awaitable<void> client_steps(tcp::socket& socket, const handshake_config& config,
+inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshake_config& config,
                                           const std::string& address, clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
@@ -176,7 +176,7 @@ inline asio::awaitable<void> client_steps(tcp::socket& socket, const handshake_c
 // protocol_error / mismatch (not a dcomm server of this version), timeout,
 // and peer_lost when the connection breaks halfway (reset, end of file):
 // always a dcomm::error naming `address`, never a raw socket error.
-inline asio::awaitable<void> client_handshake(tcp::socket& socket, const handshake_config& config,
+inline asio::awaitable<void> client_handshake(ip_tcp::socket& socket, const handshake_config& config,
                                               std::string address, clock::time_point deadline) {
   std::exception_ptr failure;
   try {
@@ -208,7 +208,7 @@ using handshake_admit = std::function<std::string(const handshake_peer&)>;
 // so for proven clients only, and the refused client hears why. A broken
 // connection comes out as the socket's std::system_error: the caller drops
 // it either way.
-inline asio::awaitable<handshake_peer> server_handshake(tcp::socket& socket,
+inline asio::awaitable<handshake_peer> server_handshake(ip_tcp::socket& socket,
                                                         const handshake_config& config,
                                                         std::string peer_address,
                                                         clock::time_point deadline,

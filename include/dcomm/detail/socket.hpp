@@ -17,7 +17,7 @@
 
 namespace dcomm::detail {
 
-using tcp = asio::ip::tcp;
+using ip_tcp = asio::ip::tcp;
 
 // "tcp://host:port", with an IPv6 host in brackets.
 inline std::string tcp_address(const std::string& host, std::uint16_t port) {
@@ -25,7 +25,7 @@ inline std::string tcp_address(const std::string& host, std::uint16_t port) {
   return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-inline std::string endpoint_address(const tcp::endpoint& ep) {
+inline std::string endpoint_address(const ip_tcp::endpoint& ep) {
   return tcp_address(ep.address().to_string(), ep.port());
 }
 
@@ -115,11 +115,11 @@ inline std::error_code socket_error_code(const std::error_code& ec) {
 
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
-inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
+inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
                                                        clock::time_point deadline,
                                                        std::string operation) {
   auto executor = co_await asio::this_coro::executor;
-  tcp::resolver resolver(executor);
+  ip_tcp::resolver resolver(executor);
   auto backoff = std::chrono::milliseconds(10);
   std::string last_error = "no attempt made";
   for (;;) {
@@ -129,7 +129,7 @@ inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::ui
       auto endpoints = co_await with_deadline(
           resolver.async_resolve(host, std::to_string(port), asio::use_awaitable), deadline,
           on_timeout, [&resolver] { resolver.cancel(); });
-      tcp::socket socket(executor);
+      ip_tcp::socket socket(executor);
       // close(), not cancel(): async_connect over several endpoints goes
       // on to the next one after a cancelled attempt, past the deadline.
       co_await with_deadline(asio::async_connect(socket, endpoints, asio::use_awaitable), deadline,
@@ -137,7 +137,7 @@ inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::ui
                                asio::error_code ignored;
                                socket.close(ignored);
                              });
-      socket.set_option(tcp::no_delay(true));
+      socket.set_option(ip_tcp::no_delay(true));
       co_return socket;
     } catch (const std::system_error& e) {
       last_error = e.code().message();
@@ -152,6 +152,25 @@ inline asio::awaitable<tcp::socket> connect_with_retry(std::string host, std::ui
               {.operation = operation,
                .address = tcp_address(host, port),
                .detail = "gave up at the deadline; last error: " + last_error});
+}
+
+// The local address that routes to `host`, found without sending anything
+// (a connected UDP socket); empty if there is no route.
+inline std::string local_address_towards(const asio::any_io_executor& ex, const std::string& host) {
+  if (host.empty()) return {};
+  asio::error_code ec;
+  auto target = asio::ip::make_address(host, ec);
+  if (ec) {
+    asio::ip::udp::resolver resolver(ex);
+    auto results = resolver.resolve(host, "9", ec);
+    if (ec || results.empty()) return {};
+    target = results.begin()->endpoint().address();
+  }
+  asio::ip::udp::socket probe(ex);
+  probe.connect({target, 9}, ec);
+  if (ec) return {};
+  auto local = probe.local_endpoint(ec);
+  return ec ? std::string{} : local.address().to_string();
 }
 
 }  // namespace dcomm::detail

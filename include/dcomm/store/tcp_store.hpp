@@ -126,7 +126,7 @@ class tcp_store_server {
                  .budget = std::make_shared<detail::frame_budget>(options.max_buffered_bytes)} {}
 
     asio::strand<asio::any_io_executor> strand;
-    detail::tcp::acceptor acceptor;
+    detail::ip_tcp::acceptor acceptor;
     tcp_store_server_options options;
     detail::frame_limits limits;
     std::uint16_t port = 0;
@@ -136,7 +136,7 @@ class tcp_store_server {
     bool stopped = false;
 
     void open() {
-      using detail::tcp;
+      using detail::ip_tcp;
       asio::error_code ec;
       if (options.listen_fd >= 0) {
         auto ep = endpoint_of_fd(options.listen_fd);
@@ -148,9 +148,9 @@ class tcp_store_server {
                        .detail = "cannot adopt listening socket " +
                                  std::to_string(options.listen_fd) + ": " + ec.message()});
       } else {
-        tcp::endpoint ep;
+        ip_tcp::endpoint ep;
         if (options.bind_host.empty()) {
-          ep = tcp::endpoint(tcp::v6(), options.port);
+          ep = ip_tcp::endpoint(ip_tcp::v6(), options.port);
         } else {
           auto addr = asio::ip::make_address(options.bind_host, ec);
           if (ec)
@@ -158,17 +158,17 @@ class tcp_store_server {
                         {.operation = "tcp_store_server",
                          .address = options.bind_host,
                          .detail = "bind_host must be an IP address: " + ec.message()});
-          ep = tcp::endpoint(addr, options.port);
+          ep = ip_tcp::endpoint(addr, options.port);
         }
         acceptor.open(ep.protocol(), ec);
         if (ec && options.bind_host.empty()) {  // no IPv6 on this host
-          ep = tcp::endpoint(tcp::v4(), options.port);
+          ep = ip_tcp::endpoint(ip_tcp::v4(), options.port);
           ec.clear();
           acceptor.open(ep.protocol(), ec);
         }
-        if (!ec && ep.protocol() == tcp::v6() && options.bind_host.empty())
+        if (!ec && ep.protocol() == ip_tcp::v6() && options.bind_host.empty())
           acceptor.set_option(asio::ip::v6_only(false), ec);
-        if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+        if (!ec) acceptor.set_option(ip_tcp::acceptor::reuse_address(true), ec);
         if (!ec) acceptor.bind(ep, ec);
         if (ec == asio::error::address_in_use)
           throw_error(errc::address_in_use,
@@ -191,7 +191,7 @@ class tcp_store_server {
       address = detail::endpoint_address(local);
     }
 
-    static detail::tcp::endpoint endpoint_of_fd(int fd) {
+    static detail::ip_tcp::endpoint endpoint_of_fd(int fd) {
       sockaddr_storage storage{};
       socklen_t length = sizeof(storage);
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0)
@@ -209,7 +209,7 @@ class tcp_store_server {
                     {.operation = "tcp_store_server",
                      .key = "listen_fd",
                      .detail = "fd " + std::to_string(fd) + " is not a listening TCP socket"});
-      detail::tcp::endpoint ep;
+      detail::ip_tcp::endpoint ep;
       std::memcpy(ep.data(), &storage, std::min<std::size_t>(length, ep.capacity()));
       ep.resize(length);
       return ep;
@@ -276,7 +276,7 @@ class tcp_store_server {
       auto endpoint = conn->socket().remote_endpoint(ec);
       std::string peer = ec ? "an unknown peer" : detail::endpoint_address(endpoint);
       try {
-        conn->socket().set_option(detail::tcp::no_delay(true), ec);
+        conn->socket().set_option(detail::ip_tcp::no_delay(true), ec);
         detail::handshake_config config{.purpose = std::string(detail::store_purpose),
                                         .token = self->options.job_token};
         auto who = co_await detail::server_handshake(

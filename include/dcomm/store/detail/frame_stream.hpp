@@ -62,7 +62,7 @@ struct frame_limits {
 // (a frame over a limit), timeout (a frame cut short, then silence).
 class frame_stream : public std::enable_shared_from_this<frame_stream> {
  public:
-  frame_stream(tcp::socket socket, frame_limits limits)
+  frame_stream(ip_tcp::socket socket, frame_limits limits)
       : socket_(std::move(socket)), limits_(std::move(limits)) {}
   frame_stream(const frame_stream&) = delete;
   frame_stream& operator=(const frame_stream&) = delete;
@@ -71,7 +71,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     give_back(held_);
   }
 
-  tcp::socket& socket() noexcept { return socket_; }
+  ip_tcp::socket& socket() noexcept { return socket_; }
   // Nothing queued or being written (or closed).
   bool flushed() const noexcept { return closed_ || (!writing_ && outbox_.empty()); }
 
@@ -143,7 +143,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     if (closed_) return;
     closed_ = true;
     asio::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.shutdown(ip_tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
     if (watch_timer_) watch_timer_->cancel();
     for (auto& frame : outbox_) give_back(4 + frame.body.size());
@@ -253,7 +253,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     self->writing_ = false;
   }
 
-  tcp::socket socket_;
+  ip_tcp::socket socket_;
   frame_limits limits_;
   std::deque<outgoing> outbox_;
   bool writing_ = false;

@@ -60,14 +60,14 @@
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/task.hpp"
-#include "dcomm/detail/tcp/pool.hpp"
-#include "dcomm/detail/tcp/wire_format.hpp"
-#include "dcomm/detail/tcp_mesh.hpp"
+#include "dcomm/tcp/pool.hpp"
+#include "dcomm/tcp/wire_format.hpp"
+#include "dcomm/tcp/mesh.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/reduce_op.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 struct match_key {
   std::uint8_t collective = 0;
@@ -266,7 +266,7 @@ class transport : public std::enable_shared_from_this<transport> {
       asio::error_code ec;
       if (l->socket.is_open()) {
         auto ep = l->socket.remote_endpoint(ec);
-        if (!ec) l->address = endpoint_address(ep);
+        if (!ec) l->address = detail::endpoint_address(ep);
       }
       links_.push_back(std::move(l));
     }
@@ -426,7 +426,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // probe_group) and fails once every member answered or `probe_grace`
   // passed, naming the ranks that did not answer or had not entered it.
   template <class Pred>
-  task<void> wait(op_state& op, Pred pred) {
+  detail::task<void> wait(op_state& op, Pred pred) {
     for (;;) {
       if (op.failure) break;
       if (pred()) co_return;
@@ -434,7 +434,7 @@ class transport : public std::enable_shared_from_this<transport> {
         fail_op(op, timeout_error(op));
         break;
       }
-      auto [ec] = co_await op.timer.async_wait(use_task);
+      auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
       fail_op(op, timeout_error(op));
@@ -444,7 +444,7 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Fails the op (if it has not failed), takes back its items and waits
   // until no socket operation references them; then throws the failure.
-  task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
+  detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
     if (!op.failure)
       op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
     if (op.collective && !op.notified) notify_group(op);
@@ -457,7 +457,7 @@ class transport : public std::enable_shared_from_this<transport> {
     };
     op.timer.expires_after(io_grace);
     while (in_flight()) {
-      auto [ec] = co_await op.timer.async_wait(use_task);
+      auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (!ec) break;
     }
     for (auto& it : op.items)
@@ -468,9 +468,9 @@ class transport : public std::enable_shared_from_this<transport> {
     // only guards against a bug turning into a hang.
     op.timer.expires_after(std::chrono::seconds(10));
     while (in_flight()) {
-      auto [ec] = co_await op.timer.async_wait(use_task);
+      auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (!ec) {
-        log(log_level::error, "tcp transport: socket operations still pending 10 s after closing");
+        log(detail::log_level::error, "tcp transport: socket operations still pending 10 s after closing");
         break;
       }
     }
@@ -525,7 +525,7 @@ class transport : public std::enable_shared_from_this<transport> {
       if (!l->socket.is_open()) continue;
       if (l->batch == 0 && l->frames.empty()) {
         asio::error_code ignored;
-        if (!l->shut) l->socket.shutdown(tcp::socket::shutdown_send, ignored);
+        if (!l->shut) l->socket.shutdown(detail::ip_tcp::socket::shutdown_send, ignored);
         l->shut = true;
         if (unacknowledged(l->socket) == 0 || late) {
           close_link(*l);
@@ -545,7 +545,7 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   // Bytes written to the link that its peer has not acknowledged yet.
-  static std::size_t unacknowledged(tcp::socket& socket) {
+  static std::size_t unacknowledged(detail::ip_tcp::socket& socket) {
 #ifdef TIOCOUTQ
     int n = 0;
     if (::ioctl(socket.native_handle(), TIOCOUTQ, &n) == 0 && n > 0)
@@ -614,8 +614,8 @@ class transport : public std::enable_shared_from_this<transport> {
     }
   };
   struct link {
-    explicit link(tcp::socket s) : socket(std::move(s)) {}
-    tcp::socket socket;
+    explicit link(detail::ip_tcp::socket s) : socket(std::move(s)) {}
+    detail::ip_tcp::socket socket;
     std::string address;
     bool lost = false;
     std::string why;
@@ -724,7 +724,7 @@ class transport : public std::enable_shared_from_this<transport> {
         note_cause(fail_reason::timeout, op.culprit);
         return make_error(errc::timeout, op,
                           blamed.size() == 1 ? "rank " + std::to_string(blamed.front())
-                                             : "ranks " + format_ranks(blamed),
+                                             : "ranks " + detail::format_ranks(blamed),
                           detail);
       }
     }
@@ -735,14 +735,14 @@ class transport : public std::enable_shared_from_this<transport> {
     waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
     if (waiting.size() == 1) op.culprit = waiting.front();
     note_cause(fail_reason::timeout, op.culprit);
-    return make_error(errc::timeout, op, waiting.empty() ? "" : "ranks " + format_ranks(waiting),
+    return make_error(errc::timeout, op, waiting.empty() ? "" : "ranks " + detail::format_ranks(waiting),
                       waiting.empty() ? "the deadline passed"
                                       : "the deadline passed without hearing from these peers");
   }
 
   static std::string rank_list(const std::vector<int>& ranks) {
     return ranks.size() == 1 ? "rank " + std::to_string(ranks.front())
-                             : "ranks " + format_ranks(ranks);
+                             : "ranks " + detail::format_ranks(ranks);
   }
 
   void note_cause(fail_reason reason, int culprit) {
@@ -1076,7 +1076,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void close_link(link& l) {
     asio::error_code ignored;
     if (!l.socket.is_open()) return;
-    l.socket.shutdown(tcp::socket::shutdown_both, ignored);
+    l.socket.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
     l.socket.close(ignored);
     if (closed_ &&
         std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
@@ -1118,7 +1118,7 @@ class transport : public std::enable_shared_from_this<transport> {
     // learn it when they post to it, and calls not yet started when they
     // start (add_op). A peer that finished and left is no error by itself.
     if (!stopped() && failed_any)
-      log(log_level::warning,
+      log(detail::log_level::warning,
           "rank " + std::to_string(rank_) + " lost rank " + std::to_string(peer) + ": " + l.why);
   }
 
@@ -1147,7 +1147,7 @@ class transport : public std::enable_shared_from_this<transport> {
     // A span, not the vector: the write operation keeps a copy of the
     // sequence, and a copied vector would allocate on every write.
     // Its operation memory from the pool: no allocation per write.
-    with_pooled_handler(
+    detail::with_pooled_handler(
         ex_,
         [self = shared_from_this(), peer](const asio::error_code& ec, std::size_t) {
           self->on_written(peer, ec);
@@ -1189,7 +1189,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // `exact`: read no further than n bytes, so that a large payload behind
   // them is left in the socket for read_payload to read straight into its
   // buffer instead of through the stage (a copy of half of each chunk).
-  static task<void> fill(link& l, std::size_t n, bool exact = false) {
+  static detail::task<void> fill(link& l, std::size_t n, bool exact = false) {
     if (l.end - l.begin >= n) co_return;
     if (l.begin > 0) {
       std::memmove(l.stage.data(), l.stage.data() + l.begin, l.end - l.begin);
@@ -1198,14 +1198,14 @@ class transport : public std::enable_shared_from_this<transport> {
     }
     while (l.end < n) {
       auto [ec, got] = co_await l.socket.async_read_some(
-          asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end), use_task);
+          asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end), detail::use_task);
       if (ec) throw asio::system_error(ec);
       l.end += got;
     }
   }
 
   // Reads n payload bytes into dst (nullptr: discard them).
-  static task<void> read_payload(link& l, char* dst, std::size_t n) {
+  static detail::task<void> read_payload(link& l, char* dst, std::size_t n) {
     for (;;) {
       std::size_t take = std::min(n, l.end - l.begin);
       if (dst && take) std::memcpy(dst, l.stage.data() + l.begin, take);
@@ -1219,7 +1219,7 @@ class transport : public std::enable_shared_from_this<transport> {
             [n](const asio::error_code& ec, std::size_t done) -> std::size_t {
               return ec ? 0 : n - done;
             },
-            use_task);
+            detail::use_task);
         if (ec) throw asio::system_error(ec);
         co_return;
       }
@@ -1227,7 +1227,7 @@ class transport : public std::enable_shared_from_this<transport> {
     }
   }
 
-  static task<void> reader(std::shared_ptr<transport> self, int peer) {
+  static detail::task<void> reader(std::shared_ptr<transport> self, int peer) {
     link& l = *self->links_[static_cast<std::size_t>(peer)];
     std::string why;
     try {
@@ -1260,7 +1260,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // One frame after another, in one coroutine frame: a nested coroutine
   // per message would allocate (Asio recycles few frames per thread), so
   // the helpers are awaited only when the stage cannot serve the bytes.
-  task<void> read_frames(link& l, int peer) {
+  detail::task<void> read_frames(link& l, int peer) {
     for (;;) {
       // While a large payload is due (we sent cts), read headers on their own:
       // one more small read per frame, one copy less per payload byte.
@@ -1425,7 +1425,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // pieces (with it.progress, of that size, waking the op after each). A
   // receive cancelled meanwhile (its call failed) has the rest read and
   // dropped, so the link stays in step; false then: `it` is no longer ours.
-  task<bool> read_into(link& l, io_item& it, std::size_t bytes) {
+  detail::task<bool> read_into(link& l, io_item& it, std::size_t bytes) {
     it.in_flight = true;
     l.reading = &it;
     while (bytes) {
@@ -1484,4 +1484,4 @@ class transport : public std::enable_shared_from_this<transport> {
   bool closed_ = false;
 };
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

@@ -2,7 +2,7 @@
 // authenticated socket that really leads to the rank it claims to, whatever
 // strangers do to the mesh ports while it forms; and start-up fails with a
 // dcomm::error naming the cause, never a raw system error or a hang.
-#include "dcomm/detail/tcp_mesh.hpp"
+#include "dcomm/tcp/mesh.hpp"
 
 #include <doctest/doctest.h>
 
@@ -25,13 +25,13 @@
 
 using namespace std::chrono_literals;
 using dcomm::errc;
-using dcomm::detail::tcp;
+using asio::ip::tcp;
 
 namespace {
 
 // Each rank sends its rank number to every peer and checks what it reads
 // back from sockets[p] is p.
-asio::awaitable<void> exchange_ranks(dcomm::detail::mesh_sockets& sockets, int rank) {
+asio::awaitable<void> exchange_ranks(dcomm::tcp::mesh_sockets& sockets, int rank) {
   for (std::size_t p = 0; p < sockets.size(); ++p) {
     if (static_cast<int>(p) == rank) continue;
     std::array<int, 1> mine{rank};
@@ -95,7 +95,7 @@ struct mesh_setup {
   int world = 3;
   std::chrono::milliseconds limit = 20s;
   std::vector<std::string> tokens{};  // per rank; empty: no token anywhere
-  dcomm::detail::mesh_options options{.bind_host = "127.0.0.1"};
+  dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
   bool exchange = true;  // check every socket leads to its rank afterwards
 };
 
@@ -117,7 +117,7 @@ std::vector<outcome> run_mesh(const mesh_setup& setup, const std::vector<int>& f
         auto options = setup.options;
         if (!setup.tokens.empty()) options.job_token = setup.tokens[static_cast<std::size_t>(r)];
         dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
-          auto sockets = co_await dcomm::detail::connect_mesh(s, r, setup.world, options,
+          auto sockets = co_await dcomm::tcp::connect_mesh(s, r, setup.world, options,
                                                               dcomm::clock::now() + setup.limit);
           if (setup.exchange) co_await exchange_ranks(sockets, r);
         }());
@@ -206,7 +206,7 @@ struct stranger {
 // The world with and without a job token: in both, strangers are refused
 // and the real ranks all connect, well before the deadline.
 void expect_attack_harmless(const std::function<void(stranger&, bool with_token)>& attack,
-                            dcomm::detail::mesh_options options = {.bind_host = "127.0.0.1"}) {
+                            dcomm::tcp::mesh_options options = {.bind_host = "127.0.0.1"}) {
   for (bool with_token : {false, true}) {
     if (with_token && !dcomm::detail::have_crypto()) continue;
     CAPTURE(with_token);
@@ -298,9 +298,9 @@ TEST_CASE("tcp mesh: 4 processes from dcomm::spawn over a tcp_store") {
   dcomm::spawn(4, [](int, int) {
     auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
     asio::io_context ctx;
-    dcomm::detail::mesh_options options{.bind_host = "127.0.0.1"};
+    dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
     dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
-      auto sockets = co_await dcomm::detail::connect_mesh(world.store, world.rank, world.world_size,
+      auto sockets = co_await dcomm::tcp::connect_mesh(world.store, world.rank, world.world_size,
                                                           options, dcomm::clock::now() + 30s);
       co_await exchange_ranks(sockets, world.rank);
     }());
@@ -404,7 +404,7 @@ TEST_CASE("tcp mesh: a stranger claiming a real rank does not lock it out") {
 
 TEST_CASE("tcp mesh: a flood of silent connections does not keep the real ranks out") {
   DCOMM_TEST_DEADLINE(120s);
-  dcomm::detail::mesh_options options{.bind_host = "127.0.0.1"};
+  dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
   options.max_pending_handshakes = 4;
   expect_attack_harmless(
       [](stranger& s, bool) {
@@ -421,7 +421,7 @@ TEST_CASE("tcp mesh: a flood while the real peers handshake: no admitted peer is
   // are dropped to make room, so the real peers (who speak at once) get
   // through; and one admitted is never dropped, or it would take a closed
   // socket for a connection (exchange_ranks would read an end of file).
-  dcomm::detail::mesh_options options{.bind_host = "127.0.0.1"};
+  dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
   options.max_pending_handshakes = 1;
   for (int round = 0; round < 10; ++round) {
     CAPTURE(round);

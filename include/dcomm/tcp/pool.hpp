@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // First in, first out, over a vector that keeps its capacity. Elements may
 // move when it grows: hold indexes, not addresses.
@@ -135,4 +135,4 @@ class object_pool {
   std::vector<T*> spare_;
 };
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

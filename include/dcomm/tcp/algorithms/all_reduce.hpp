@@ -9,13 +9,13 @@
 
 #include <cstring>
 
-#include "dcomm/detail/tcp/call.hpp"
-#include "dcomm/detail/tcp/ring.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/algorithms/ring.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // `buf` holds this rank's contribution and receives the result.
-inline task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t count,
+inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t count,
                                                 std::size_t es, const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -53,7 +53,7 @@ inline task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t 
 }
 
 // in == nullptr: in place on out.
-inline task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_t count,
+inline detail::task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_t count,
                                   std::size_t es, const reducer& op, std::size_t chunk_bytes) {
   const int n = c.size();
   ring_shape shape({.count = count, .blocks = n}, es, chunk_bytes);
@@ -66,4 +66,4 @@ inline task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_
   co_await c.wait_all();
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/tcp/call.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // Where each rank's block lies in the buffer, in elements.
 struct block_layout {
@@ -52,7 +52,7 @@ struct ring_shape {
 // Reduce-scatter into `out` (every block of it may be written). `in` holds
 // this rank's contribution; in == nullptr means it is already in `out`
 // (in place), and `scratch_buffer` receives. Steps [0, world-1) of the call.
-inline task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape, const void* in,
+inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape, const void* in,
                                             void* out, const reducer& op, scratch& tmp) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
@@ -90,7 +90,7 @@ inline task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape, co
 
 // All-gather in place on `out`, whose block r is this rank's. Steps
 // [first_step, first_step + (world-1) * chunks) of the call.
-inline task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* out,
+inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* out,
                                         std::size_t first_round) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
@@ -119,4 +119,4 @@ inline task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* 
   }
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

@@ -3,11 +3,11 @@
 // ceil(log2 n) rounds each rank has heard, indirectly, from all.
 #pragma once
 
-#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/tcp/call.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
-inline task<void> dissemination_barrier(call& c) {
+inline detail::task<void> dissemination_barrier(call& c) {
   const int n = c.size(), r = c.rank();
   std::uint32_t round = 0;
   for (int distance = 1; distance < n; distance <<= 1, ++round) {
@@ -16,4 +16,4 @@ inline task<void> dissemination_barrier(call& c) {
   }
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

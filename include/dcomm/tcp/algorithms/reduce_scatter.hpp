@@ -7,13 +7,13 @@
 
 #include <cstring>
 
-#include "dcomm/detail/tcp/call.hpp"
-#include "dcomm/detail/tcp/ring.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/algorithms/ring.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-inline task<void> direct_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
+inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
                                         std::size_t es, const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -35,7 +35,7 @@ inline task<void> direct_reduce_scatter(call& c, const void* in, void* out, std:
   op.finish(out, count, n);
 }
 
-inline task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
+inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
                                       std::size_t es, const reducer& op, std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -53,4 +53,4 @@ inline task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::s
   if (bytes) std::memcpy(out, result, bytes);
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

@@ -7,12 +7,12 @@
 
 #include <cstring>
 
-#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/tcp/call.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // out is used on the root only (it may equal in: in place).
-inline task<void> binomial_reduce(call& c, const void* in, void* out, std::size_t count,
+inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, std::size_t count,
                                   std::size_t es, const reducer& op, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
@@ -34,7 +34,7 @@ inline task<void> binomial_reduce(call& c, const void* in, void* out, std::size_
   op.finish(acc, count, n);
 }
 
-inline task<void> chain_reduce(call& c, const void* in, void* out, std::size_t count,
+inline detail::task<void> chain_reduce(call& c, const void* in, void* out, std::size_t count,
                                std::size_t es, const reducer& op, int root,
                                std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
@@ -73,4 +73,4 @@ inline task<void> chain_reduce(call& c, const void* in, void* out, std::size_t c
   if (v == 0) op.finish(out, count, n);
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
-#include "dcomm/detail/tcp/transport.hpp"
+#include "dcomm/tcp/transport.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // Sizes that decide and shape the algorithms.
 struct algorithm_limits {
@@ -156,20 +156,20 @@ class call {
 
   // Not coroutines themselves: one coroutine frame less per wait. Each
   // wake-up also moves the confirmation on.
-  task<void> wait(io_item& it) {
+  detail::task<void> wait(io_item& it) {
     return t_.wait(op_, [this, &it] {
       confirm();
       return it.state == item_state::done;
     });
   }
   template <class Pred>
-  task<void> wait_until(Pred pred) {
+  detail::task<void> wait_until(Pred pred) {
     return t_.wait(op_, [this, pred = std::move(pred)] {
       confirm();
       return pred();
     });
   }
-  task<void> wait_all() {
+  detail::task<void> wait_all() {
     return t_.wait(op_, [this] {
       confirm();
       return rounds_left_ == 0 &&
@@ -181,7 +181,7 @@ class call {
   // Runs an algorithm to the end: every message done (the confirmation's
   // included), or everything taken back before the failure is rethrown.
   template <class Body>
-  task<void> run(Body body) {
+  detail::task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
     std::exception_ptr failure;
     try {
@@ -279,4 +279,4 @@ class item_slots {
   pooled_vector<io_item*> slots_;
 };
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

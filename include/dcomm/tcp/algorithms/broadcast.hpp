@@ -5,11 +5,11 @@
 //     chunk passed on as soon as it has arrived.
 #pragma once
 
-#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/tcp/call.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
-inline task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
+inline detail::task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   int mask = 1;
   while (mask < n) {
@@ -23,7 +23,7 @@ inline task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int 
     if (v + mask < n) c.send(mod(v + mask + root, n), 0, buf, bytes);
 }
 
-inline task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
+inline detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
                                   std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
@@ -44,4 +44,4 @@ inline task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int roo
   }
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

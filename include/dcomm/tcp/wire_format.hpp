@@ -14,7 +14,7 @@
 #include "dcomm/dtype.hpp"
 #include "dcomm/reduce_op.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // Which collective a message belongs to; part of the call signature.
 enum class coll_op : std::uint8_t {
@@ -148,4 +148,4 @@ inline std::pair<fail_reason, int> read_goodbye(const wire_header& h, int world)
   return {reason, culprit};
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

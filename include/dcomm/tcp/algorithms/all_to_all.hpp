@@ -8,13 +8,13 @@
 #include <numeric>
 #include <vector>
 
-#include "dcomm/detail/tcp/all_gather.hpp"
-#include "dcomm/detail/tcp/call.hpp"
+#include "dcomm/tcp/algorithms/all_gather.hpp"
+#include "dcomm/tcp/call.hpp"
 
-namespace dcomm::detail::tcp_net {
+namespace dcomm::tcp {
 
 // in, out: n blocks of `bytes`; they do not overlap.
-inline task<void> direct_all_to_all(call& c, const void* in, void* out, std::size_t bytes) {
+inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out, std::size_t bytes) {
   const int n = c.size(), r = c.rank();
   for (int i = 1; i < n; ++i) {
     const int p = mod(r - i, n);
@@ -31,7 +31,7 @@ inline task<void> direct_all_to_all(call& c, const void* in, void* out, std::siz
 }
 
 // send_counts[p]: elements of `in` (in rank order) for rank p.
-inline task<std::vector<std::size_t>> direct_all_to_all_v(
+inline detail::task<std::vector<std::size_t>> direct_all_to_all_v(
     call& c, const_tensor_view in, const std::vector<std::size_t>& send_counts,
     const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
@@ -63,4 +63,4 @@ inline task<std::vector<std::size_t>> direct_all_to_all_v(
   co_return counts;
 }
 
-}  // namespace dcomm::detail::tcp_net
+}  // namespace dcomm::tcp

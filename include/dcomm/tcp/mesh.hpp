@@ -52,10 +52,10 @@
 #include "dcomm/detail/handshake.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
-#include "dcomm/detail/tcp/wire_format.hpp"
+#include "dcomm/tcp/wire_format.hpp"
 #include "dcomm/store/store.hpp"
 
-namespace dcomm::detail {
+namespace dcomm::tcp {
 
 struct mesh_options {
   std::string purpose = "tcp_backend";
@@ -73,16 +73,16 @@ struct mesh_options {
 };
 
 // sockets[p] is connected to rank p; sockets[rank] stays closed.
-using mesh_sockets = std::vector<tcp::socket>;
+using mesh_sockets = std::vector<detail::ip_tcp::socket>;
 
 namespace mesh_detail {
 
-inline tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::string& bind_host,
+inline detail::ip_tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::string& bind_host,
                                    int rank) {
-  tcp::acceptor acceptor(ex);
+  detail::ip_tcp::acceptor acceptor(ex);
   asio::error_code ec;
-  tcp::endpoint ep = bind_host.empty() ? tcp::endpoint(tcp::v6(), 0)
-                                       : tcp::endpoint(asio::ip::make_address(bind_host, ec), 0);
+  detail::ip_tcp::endpoint ep = bind_host.empty() ? detail::ip_tcp::endpoint(detail::ip_tcp::v6(), 0)
+                                       : detail::ip_tcp::endpoint(asio::ip::make_address(bind_host, ec), 0);
   if (ec)
     throw_error(errc::invalid_argument, {.operation = "tcp mesh",
                                          .rank = rank,
@@ -90,18 +90,18 @@ inline tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::s
                                          .detail = "bind_host must be an IP address"});
   acceptor.open(ep.protocol(), ec);
   if (ec && bind_host.empty()) {  // no IPv6 here
-    ep = tcp::endpoint(tcp::v4(), 0);
+    ep = detail::ip_tcp::endpoint(detail::ip_tcp::v4(), 0);
     ec.clear();
     acceptor.open(ep.protocol(), ec);
   }
-  if (!ec && ep.protocol() == tcp::v6() && bind_host.empty())
+  if (!ec && ep.protocol() == detail::ip_tcp::v6() && bind_host.empty())
     acceptor.set_option(asio::ip::v6_only(false), ec);
   if (!ec) acceptor.bind(ep, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec)
     throw_error(errc::invalid_argument, {.operation = "tcp mesh",
                                          .rank = rank,
-                                         .address = endpoint_address(ep),
+                                         .address = detail::endpoint_address(ep),
                                          .detail = "cannot listen: " + ec.message()});
   return acceptor;
 }
@@ -113,7 +113,7 @@ inline tcp::acceptor open_acceptor(const asio::any_io_executor& ex, const std::s
   error_context ctx;
   std::error_code code;
   try {
-    rethrow_as_dcomm_error(failure, {.operation = "tcp mesh", .address = address});
+    detail::rethrow_as_dcomm_error(failure, {.operation = "tcp mesh", .address = address});
   } catch (const dcomm::error& e) {
     ctx = e.context();
     code = e.code();
@@ -146,22 +146,22 @@ inline std::pair<std::string, std::uint16_t> parse_address(const std::string& wh
 
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
-inline asio::awaitable<tcp::socket> connect_to(std::shared_ptr<store> s, int rank, int peer,
+inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store> s, int rank, int peer,
                                                const mesh_options& options,
-                                               const handshake_config& config,
+                                               const detail::handshake_config& config,
                                                clock::time_point deadline) {
   auto executor = co_await asio::this_coro::executor;
   const std::string key = options.key_prefix + "/addr/" + std::to_string(peer);
   std::string where;
   std::exception_ptr failure;
   try {
-    where = co_await s->get(key, time_left(deadline));
+    where = co_await s->get(key, detail::time_left(deadline));
   } catch (...) {
     failure = std::current_exception();
   }
   if (failure) {
     try {
-      rethrow_as_dcomm_error(failure, {});
+      detail::rethrow_as_dcomm_error(failure, {});
     } catch (const dcomm::error& e) {
       bool late = e.code() == errc::timeout;
       // The store's own failure (its host lost) blames whom the store names.
@@ -179,13 +179,13 @@ inline asio::awaitable<tcp::socket> connect_to(std::shared_ptr<store> s, int ran
     }
   }
   auto [host, port] = parse_address(where, rank, key);
-  const std::string address = tcp_address(host, port);
+  const std::string address = detail::tcp_address(host, port);
 
   auto backoff = std::chrono::milliseconds(10);
   for (int attempt = 1;; ++attempt) {
     bool broken = false;
     try {
-      auto socket = co_await connect_with_retry(host, port, deadline, "tcp mesh");
+      auto socket = co_await detail::connect_with_retry(host, port, deadline, "tcp mesh");
       co_await client_handshake(socket, config, address, deadline);
       co_return socket;
     } catch (const dcomm::error& e) {
@@ -212,7 +212,7 @@ inline asio::awaitable<tcp::socket> connect_to(std::shared_ptr<store> s, int ran
                    .detail = "the handshake broke " + std::to_string(attempt) +
                              " times until the deadline; last: " + last});
     }
-    log(log_level::debug, "tcp mesh (rank " + std::to_string(rank) + "): handshake with rank " +
+    log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(rank) + "): handshake with rank " +
                               std::to_string(peer) + " at " + address + " broke; retrying");
     asio::steady_timer pause(executor, clock::now() + backoff);
     co_await pause.async_wait(asio::use_awaitable);
@@ -225,7 +225,7 @@ inline asio::awaitable<tcp::socket> connect_to(std::shared_ptr<store> s, int ran
 // one-thread context), so nothing here is locked.
 struct acceptance {
   acceptance(const asio::any_io_executor& ex, int rank_, int world_, clock::time_point deadline_,
-             handshake_config config_, const mesh_options& options)
+             detail::handshake_config config_, const mesh_options& options)
       : rank(rank_),
         world(world_),
         deadline(deadline_),
@@ -246,10 +246,10 @@ struct acceptance {
   const int rank;
   const int world;
   const clock::time_point deadline;
-  const handshake_config config;
+  const detail::handshake_config config;
   const std::chrono::milliseconds handshake_timeout;
   const std::size_t max_pending;
-  tcp::acceptor acceptor;
+  detail::ip_tcp::acceptor acceptor;
   mesh_sockets sockets;     // accepted peers
   std::vector<bool> taken;  // a proven peer holds (or is being given) the place
   int connected = 0;
@@ -257,17 +257,17 @@ struct acceptance {
   // Handshakes in flight, not yet admitted; the sockets live in their
   // coroutines. Those whose peer has sent nothing yet, oldest first, may
   // be dropped to make room; those that have spoken end by their deadline.
-  std::map<std::uint64_t, tcp::socket*> silent;
-  std::map<std::uint64_t, tcp::socket*> talking;
+  std::map<std::uint64_t, detail::ip_tcp::socket*> silent;
+  std::map<std::uint64_t, detail::ip_tcp::socket*> talking;
   std::uint64_t next_id = 0;
   asio::steady_timer done;  // connect_mesh waits on it: cancelled when all are in
   // Sockets already connected (either way), watched until the mesh is
   // done: one that closes means its rank died in start-up (`lost`).
-  std::vector<tcp::socket*> watched;
+  std::vector<detail::ip_tcp::socket*> watched;
   struct loss {
     int blamed;                   // the rank that died, or the one a goodbye blamed
     int via;                      // the peer whose socket told
-    tcp_net::fail_reason reason;  // the goodbye's (peer_lost: no goodbye, died)
+    tcp::fail_reason reason;  // the goodbye's (peer_lost: no goodbye, died)
   };
   std::vector<loss> lost;
   // Why the last connection claiming each missing rank failed.
@@ -295,9 +295,9 @@ struct acceptance {
   // first few, only at debug level.
   void log_refusal(const std::string& what) {
     static constexpr int loud = 16;
-    auto level = logged < loud ? log_level::warning : log_level::debug;
+    auto level = logged < loud ? detail::log_level::warning : detail::log_level::debug;
     if (logged++ == loud)
-      log(log_level::warning, "tcp mesh (rank " + std::to_string(rank) +
+      log(detail::log_level::warning, "tcp mesh (rank " + std::to_string(rank) +
                                   "): further refused connections are logged at debug level");
     log(level, "tcp mesh (rank " + std::to_string(rank) + ") refused a connection: " + what);
   }
@@ -334,15 +334,15 @@ struct acceptance {
 // failed: the goodbye names the cause), or, done with its own mesh, sends a
 // first frame of its transport (alive: the watch ends). The bytes are only
 // peeked at: the transport reads them.
-inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, tcp::socket& socket, int peer) {
+inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, detail::ip_tcp::socket& socket, int peer) {
   st->watched.push_back(&socket);
   for (;;) {
     asio::error_code ec;
-    co_await socket.async_wait(tcp::socket::wait_read,
+    co_await socket.async_wait(detail::ip_tcp::socket::wait_read,
                                asio::redirect_error(asio::use_awaitable, ec));
     // Finished: the socket may have moved on to the transport; leave it be.
     if (st->finished || ec) co_return;
-    tcp_net::wire_header h;
+    tcp::wire_header h;
     auto n = ::recv(socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
     if (n > 0 && static_cast<std::size_t>(n) < sizeof h) {  // the rest is on its way
       asio::steady_timer pause(co_await asio::this_coro::executor, std::chrono::milliseconds(1));
@@ -350,14 +350,14 @@ inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, tcp::socket& 
       if (st->finished) co_return;
       continue;
     }
-    if (n > 0 && (h.magic != tcp_net::wire_magic || h.kind != tcp_net::msg_kind::bye))
+    if (n > 0 && (h.magic != tcp::wire_magic || h.kind != tcp::msg_kind::bye))
       co_return;  // its transport speaks: alive
-    acceptance::loss l{peer, peer, tcp_net::fail_reason::peer_lost};
+    acceptance::loss l{peer, peer, tcp::fail_reason::peer_lost};
     if (n > 0) {
-      auto [reason, culprit] = tcp_net::read_goodbye(h, st->world);
+      auto [reason, culprit] = tcp::read_goodbye(h, st->world);
       // Done with start-up and gone again in order: no failure of ours
       // (calls that need it will say so).
-      if (reason == tcp_net::fail_reason::none) co_return;
+      if (reason == tcp::fail_reason::none) co_return;
       if (culprit >= 0 && culprit != st->rank) l = {culprit, peer, reason};
     }
     st->lost.push_back(l);
@@ -370,8 +370,8 @@ inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, tcp::socket& 
 // in the transport's format, blaming `culprit`), so that it names the cause
 // and not this rank. Nothing else has been sent on these sockets, so the
 // few bytes go out at once, without blocking.
-inline void say_goodbye(mesh_sockets& sockets, tcp_net::fail_reason reason, int culprit) {
-  const auto bye = tcp_net::goodbye(reason, culprit);
+inline void say_goodbye(mesh_sockets& sockets, tcp::fail_reason reason, int culprit) {
+  const auto bye = tcp::goodbye(reason, culprit);
   for (auto& socket : sockets)
     if (socket.is_open()) {
       [[maybe_unused]] auto sent =
@@ -391,15 +391,15 @@ inline int single_rank(const std::string& peers) {
   return found == 1 && peers.find('-') == std::string::npos ? rank : -1;
 }
 
-inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::socket socket) {
+inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, detail::ip_tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
   st->silent[id] = &socket;
   asio::error_code ec;
   auto remote = socket.remote_endpoint(ec);  // fails if the peer has already gone
-  const std::string address = ec ? std::string("an unknown address") : endpoint_address(remote);
-  socket.set_option(tcp::no_delay(true), ec);
+  const std::string address = ec ? std::string("an unknown address") : detail::endpoint_address(remote);
+  socket.set_option(detail::ip_tcp::no_delay(true), ec);
   int reserved = -1;
-  handshake_admit admit = [&st, &reserved, id](const handshake_peer& peer) -> std::string {
+  detail::handshake_admit admit = [&st, &reserved, id](const detail::handshake_peer& peer) -> std::string {
     if (peer.rank <= st->rank || peer.rank >= st->world)
       return "rank " + std::to_string(st->rank) + " accepts ranks " + std::to_string(st->rank + 1) +
              " to " + std::to_string(st->world - 1) + " only, not rank " +
@@ -417,12 +417,12 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
   };
   const auto deadline = std::min(st->deadline, clock::now() + st->handshake_timeout);
   std::exception_ptr failure;
-  handshake_peer peer;
+  detail::handshake_peer peer;
   try {
     // Until the peer says something: meanwhile it may be dropped.
     error_context on_timeout{.operation = "handshake (" + st->config.purpose + ")",
                              .address = address};
-    co_await with_deadline(socket.async_wait(tcp::socket::wait_read, asio::use_awaitable), deadline,
+    co_await detail::with_deadline(socket.async_wait(detail::ip_tcp::socket::wait_read, asio::use_awaitable), deadline,
                            on_timeout, [&socket] {
                              asio::error_code ignored;
                              socket.cancel(ignored);
@@ -445,7 +445,7 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, tcp::
   }
   if (reserved >= 0) st->taken[static_cast<std::size_t>(reserved)] = false;
   if (dropped) {
-    log(log_level::debug, "tcp mesh (rank " + std::to_string(st->rank) + "): dropped " + address +
+    log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(st->rank) + "): dropped " + address +
                               " to make room for new connections");
     co_return;
   }
@@ -480,7 +480,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
     if (st->finished || !st->acceptor.is_open()) break;
     if (ec) {
       // Out of file descriptors and the like: pause, then go on.
-      log(log_level::warning,
+      log(detail::log_level::warning,
           "tcp mesh (rank " + std::to_string(st->rank) + ") cannot accept: " + ec.message());
       asio::steady_timer pause(
           executor, std::min(st->deadline, clock::now() + std::chrono::milliseconds(50)));
@@ -490,7 +490,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
     if (st->in_flight() >= st->max_pending && !mesh_detail::make_room(*st)) {
       // Everyone in flight has spoken: the newcomer waits its turn (a real
       // peer reconnects; a stranger's handshake ends by its deadline).
-      log(log_level::debug, "tcp mesh (rank " + std::to_string(st->rank) +
+      log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(st->rank) +
                                 "): too many handshakes in flight; closed a new connection");
       socket.close(ec);
       continue;
@@ -505,9 +505,9 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
                                                   mesh_options options,
                                                   clock::time_point deadline) {
   using namespace mesh_detail;
-  require_crypto_for(options.job_token, "tcp mesh");
+  detail::require_crypto_for(options.job_token, "tcp mesh");
   auto executor = co_await asio::this_coro::executor;
-  handshake_config config{.purpose = options.purpose, .token = options.job_token, .rank = rank};
+  detail::handshake_config config{.purpose = options.purpose, .token = options.job_token, .rank = rank};
   auto st = std::make_shared<acceptance>(executor, rank, world, deadline, config, options);
   const std::string key = options.key_prefix + "/addr/" + std::to_string(rank);
   const std::string here =
@@ -520,7 +520,7 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
     failure = std::current_exception();
   }
   if (failure)
-    rethrow_as_dcomm_error(failure, {.operation = "tcp mesh",
+    detail::rethrow_as_dcomm_error(failure, {.operation = "tcp mesh",
                                      .rank = rank,
                                      .key = key,
                                      .detail = "cannot publish this rank's address"});
@@ -556,15 +556,15 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
   if (!st->lost.empty()) {
     const auto first = st->lost.front();
     const bool died = first.via == first.blamed;
-    say_goodbye(sockets, died ? tcp_net::fail_reason::peer_lost : first.reason, first.blamed);
+    say_goodbye(sockets, died ? tcp::fail_reason::peer_lost : first.reason, first.blamed);
     throw_error(
-        !died && first.reason == tcp_net::fail_reason::timeout ? errc::timeout : errc::peer_lost,
+        !died && first.reason == tcp::fail_reason::timeout ? errc::timeout : errc::peer_lost,
         {.operation = "tcp mesh",
          .rank = rank,
          .peers = "rank " + std::to_string(first.blamed),
          .detail = died ? "it connected, then closed its connection during start-up (died?)"
                         : "rank " + std::to_string(first.via) + " left start-up after " +
-                              tcp_net::describe(first.reason) + " it blamed on rank " +
+                              tcp::describe(first.reason) + " it blamed on rank " +
                               std::to_string(first.blamed)});
   }
   // A failed connect names the peer it could not reach.
@@ -576,7 +576,7 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
       culprit = single_rank(e.context().peers);
     } catch (...) {
     }
-    say_goodbye(sockets, tcp_net::fail_reason::other, culprit);
+    say_goodbye(sockets, tcp::fail_reason::other, culprit);
     std::rethrow_exception(failure);
   }
 
@@ -592,13 +592,13 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
     }
   }
   if (!missing.empty()) {
-    say_goodbye(sockets, tcp_net::fail_reason::timeout, missing.size() == 1 ? missing.front() : -1);
+    say_goodbye(sockets, tcp::fail_reason::timeout, missing.size() == 1 ? missing.front() : -1);
     throw_error(code, {.operation = "tcp mesh",
                        .rank = rank,
-                       .peers = "ranks " + format_ranks(missing),
+                       .peers = "ranks " + detail::format_ranks(missing),
                        .detail = "these peers did not connect by the deadline" + reasons});
   }
   co_return sockets;
 }
 
-}  // namespace dcomm::detail
+}  // namespace dcomm::tcp
