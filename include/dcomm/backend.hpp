@@ -155,7 +155,7 @@ struct group_state {
 struct op_context {
   std::shared_ptr<group_state> group{};
   std::uint64_t seq = 0;  // collectives: the group's sequence number; p2p: the tag
-  clock::time_point deadline{};
+  detail::clock::time_point deadline{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
   CUstream_st* stream = nullptr;  // op_options::stream
 };

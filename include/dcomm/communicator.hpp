@@ -217,7 +217,7 @@ class request {
   struct state {
     asio::any_io_executor executor;  // the backend's: completion and waiters run there
     const char* operation = "";
-    clock::time_point deadline;
+    detail::clock::time_point deadline;
     std::mutex mutex;
     std::condition_variable cv;
     bool done = false;
@@ -940,7 +940,7 @@ class communicator {
 
   op_context p2p_context(int tag, const op_options& o) const {
     return {group_, static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
-            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
+            detail::clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
   }
   // A collective takes the group's next sequence number, unless it is
   // refused: its input already (`bad`), or its options here. A refused call
@@ -949,7 +949,7 @@ class communicator {
                           std::exception_ptr& bad) const {
     if (!bad) bad = check([&] { check_options(operation, o); });
     return {group_, bad ? 0 : group_->next_seq.fetch_add(1),
-            clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
+            detail::clock::now() + o.timeout.value_or(group_->timeout), o.algorithm, o.stream};
   }
   // What the backend cannot do with these options.
   static void check_options(const char* operation, const op_options& o) {
@@ -977,7 +977,7 @@ class communicator {
   template <class R, class Token, class F>
   auto initiate_op(const char* operation, Token&& token, std::exception_ptr bad, op_context ctx,
                    F f) const {
-    auto limit = ctx.deadline - clock::now() + detail::blocking_grace;
+    auto limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
     auto op = bad ? refuse_any<R>(bad) : hold<R>(rt_, std::move(ctx), std::move(f));
     return detail::initiate(rt_->backend->get_executor(), std::move(op), std::forward<Token>(token),
                             operation, limit);
@@ -1151,7 +1151,7 @@ asio::awaitable<void> close_unused(std::shared_ptr<Backend> backend) {
 // meanwhile died in start-up: that fails it at once, naming the rank.
 template <backend Backend>
 asio::awaitable<void> wait_connected(store& s, Backend& backend, int rank, int world,
-                                     clock::time_point deadline) {
+                                     detail::clock::time_point deadline) {
   std::vector<std::string> keys;
   for (int r = 1; r < world; ++r) keys.push_back("dcomm/pg/connected/" + std::to_string(r));
   for (;;) {
@@ -1175,7 +1175,7 @@ asio::awaitable<void> wait_connected(store& s, Backend& backend, int rank, int w
                                               : "ranks " + format_ranks(lost)),
                    .address = s.address(),
                    .detail = "connected, then lost during start-up (died?)"});
-    if (clock::now() < deadline) continue;
+    if (detail::clock::now() < deadline) continue;
     std::vector<int> missing;
     for (int r = 1; r < world; ++r) {
       // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
@@ -1196,7 +1196,7 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
                                                      std::string store_host,
                                                      init_options<Backend> o,
                                                      std::shared_ptr<io_thread> thread) {
-  const auto deadline = clock::now() + o.timeout;
+  const auto deadline = detail::clock::now() + o.timeout;
   auto backend =
       co_await Backend::create(s, rank, world, o.job_token, store_host, o.backend, deadline);
   std::exception_ptr failure;

@@ -22,13 +22,11 @@
 #include <utility>
 
 #include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm {
-
-using clock = std::chrono::steady_clock;
-using namespace std::chrono_literals;
 
 // Token for the blocking form: the initiating function returns the result
 // (or throws) once the operation has completed.
@@ -114,7 +112,7 @@ std::future<T> spawn_with_future(const asio::any_io_executor& ex, task<T> op) {
 // Runs op (an awaitable or a task) to its end from plain code.
 template <typename Op>
 auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
-                  clock::duration limit) {
+                  detail::clock::duration limit) {
   if (running_in_this_thread(ex))
     throw_error(errc::invalid_argument,
                 {.operation = operation,
@@ -134,7 +132,7 @@ auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
 // backend operation goes through here, so the token handling lives in one place.
 template <typename T, typename Token>
 auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token,
-              const char* operation, clock::duration limit) {
+              const char* operation, detail::clock::duration limit) {
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
     return run_blocking(ex, std::move(op), operation, limit);
   else
@@ -180,7 +178,7 @@ class task_completer {
 
 template <typename T, typename Token>
 auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const char* operation,
-              clock::duration limit) {
+              detail::clock::duration limit) {
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
     return run_blocking(ex, std::move(op), operation, limit);
   } else {
@@ -192,15 +190,8 @@ auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const 
   }
 }
 
-// What is left until a deadline, never negative: for calls that take a
-// timeout where the caller holds a deadline.
-inline std::chrono::milliseconds time_left(clock::time_point deadline) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::max(deadline - clock::now(), clock::duration::zero()));
-}
-
 // Extra time a blocking wait allows beyond an operation's own deadline.
-inline constexpr clock::duration blocking_grace = std::chrono::seconds(30);
+inline constexpr detail::clock::duration blocking_grace = std::chrono::seconds(30);
 
 }  // namespace detail
 

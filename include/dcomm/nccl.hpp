@@ -369,7 +369,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   static asio::awaitable<std::shared_ptr<nccl_backend>> create(std::shared_ptr<store> s, int rank,
                                                                int world, std::string job_token,
                                                                std::string store_host, options o,
-                                                               clock::time_point deadline) {
+                                                               detail::clock::time_point deadline) {
     static_cast<void>(job_token);   // the store is authenticated already; NCCL's
     static_cast<void>(store_host);  // bootstrap finds its own interfaces
     auto ex = co_await asio::this_coro::executor;
@@ -414,7 +414,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     // settle() is a task: awaited from this Asio coroutine through initiate.
     co_await detail::initiate(ex, b->settle(g, ctx, "ncclCommInitRankConfig"), asio::use_awaitable,
                               "ncclCommInitRankConfig",
-                              deadline - clock::now() + detail::blocking_grace);
+                              deadline - detail::clock::now() + detail::blocking_grace);
     co_return b;
   }
 
@@ -491,7 +491,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   void group_created(const std::shared_ptr<group_state>& parent,
                      const std::shared_ptr<group_state>& child, int color, int key) {
     asio::post(ex_, [self = shared_from_this(), parent_id = parent->id,
-                     deadline = clock::now() + parent->timeout, child, color,
+                     deadline = detail::clock::now() + parent->timeout, child, color,
                      key] { self->start_split(parent_id, deadline, child, color, key); });
   }
 
@@ -812,7 +812,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   // Sleeps on a timer that abort_all can cut short.
-  detail::task<void> nap(clock::time_point until) {
+  detail::task<void> nap(detail::clock::time_point until) {
     asio::steady_timer t(ex_, until);
     sleepers_.push_back(&t);
     co_await t.async_wait(detail::use_task);
@@ -824,8 +824,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                                const char* operation) {
     while (g.serving != ticket) {
       check_alive();
-      if (clock::now() >= ctx.deadline) timeout(g, ctx, operation, "waiting for its turn");
-      co_await nap(std::min(ctx.deadline, clock::now() + std::chrono::milliseconds(1)));
+      if (detail::clock::now() >= ctx.deadline) timeout(g, ctx, operation, "waiting for its turn");
+      co_await nap(std::min(ctx.deadline, detail::clock::now() + std::chrono::milliseconds(1)));
     }
   }
   void end_turn(group& g) {
@@ -836,7 +836,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // Until g's communicator has no call in progress (a non-blocking
   // communicator being made, or an enqueue NCCL finishes in the background).
   detail::task<void> settle(group& g, const op_context& ctx, const char* operation) {
-    const auto spin_until = clock::now() + o_.spin;
+    const auto spin_until = detail::clock::now() + o_.spin;
     for (auto pause = std::chrono::microseconds(50);;) {
       check_alive();
       if (!g.comm)
@@ -844,7 +844,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                                     .rank = rank_,
                                     .detail = "the NCCL communicator of " + g.name + " is gone"});
       if (async_state(g, operation) == ncclSuccess) co_return;
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= ctx.deadline) timeout(g, ctx, operation, "NCCL was still busy");
       // Every call on a non-blocking communicator is enqueued by a thread
       // NCCL starts for it, usually done within microseconds: poll before
@@ -968,12 +968,12 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // poll_interval to check NCCL's asynchronous error and the deadline.
   detail::task<void> wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
                               const char* operation, std::size_t bytes) {
-    const auto start = clock::now();
-    clock::duration poll = o_.spin;
-    if (o_.spin > clock::duration::zero()) {
+    const auto start = detail::clock::now();
+    detail::clock::duration poll = o_.spin;
+    if (o_.spin > detail::clock::duration::zero()) {
       if (auto sleep = g.estimate.sleep_for(operation, bytes); sleep > sleep.zero()) {
         // Other operations' turns cut naps short: sleep on to the time.
-        for (const auto until = std::min(ctx.deadline, start + sleep); clock::now() < until;) {
+        for (const auto until = std::min(ctx.deadline, start + sleep); detail::clock::now() < until;) {
           co_await nap(until);
           check_alive();
         }
@@ -984,13 +984,13 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       }
       poll = g.estimate.poll_for(operation, bytes, o_.spin);
     }
-    for (const auto poll_until = clock::now() + poll;;) {
+    for (const auto poll_until = detail::clock::now() + poll;;) {
       if (passed(ev)) {
-        if (o_.spin > clock::duration::zero())
-          g.estimate.finished(operation, bytes, clock::now() - start);
+        if (o_.spin > detail::clock::duration::zero())
+          g.estimate.finished(operation, bytes, detail::clock::now() - start);
         co_return;
       }
-      if (clock::now() >= poll_until) break;
+      if (detail::clock::now() >= poll_until) break;
     }
     check_alive();  // the waker stream exists until the backend is released
     asio::steady_timer timer(ex_);
@@ -1013,8 +1013,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     }
     co_await sleep_until_passed(ev, g, ctx, operation, timer);
     // Late by the wake-up: overslept() brings the estimate back.
-    if (o_.spin > clock::duration::zero())
-      g.estimate.finished(operation, bytes, clock::now() - start);
+    if (o_.spin > detail::clock::duration::zero())
+      g.estimate.finished(operation, bytes, detail::clock::now() - start);
   }
 
   detail::task<void> sleep_until_passed(cudaEvent_t ev, group& g, const op_context& ctx,
@@ -1028,7 +1028,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     while (!passed(ev)) {
       check_alive();
       if (g.comm) async_state(g, operation);
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= ctx.deadline) timeout(g, ctx, operation, "waiting for the GPU");
       timer.expires_at(std::min(ctx.deadline, now + o_.poll_interval));
       co_await timer.async_wait(detail::use_task);
@@ -1053,7 +1053,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
 
   // On the executor, before any later operation starts: the child's
   // group, holding its first turn, and the parent's turn for the split.
-  void start_split(std::uint64_t parent_id, clock::time_point deadline,
+  void start_split(std::uint64_t parent_id, detail::clock::time_point deadline,
                    const std::shared_ptr<group_state>& child, int color, int key) {
     auto pit = groups_.find(parent_id);
     if (pit == groups_.end()) return;  // the parent's own split failed: all has failed
@@ -1074,7 +1074,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   static detail::task<void> split(std::shared_ptr<nccl_backend> self, group& parent, group* made,
-                                  std::uint64_t ticket, clock::time_point deadline, int color,
+                                  std::uint64_t ticket, detail::clock::time_point deadline, int color,
                                   int key) {
     op_context ctx{.deadline = deadline};
     try {
@@ -1148,10 +1148,10 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       if (g->comm) {
         bool finished = false;
         if (!abort && ncclCommFinalize(g->comm) == ncclSuccess) {
-          const auto until = clock::now() + std::chrono::seconds(10);
+          const auto until = detail::clock::now() + std::chrono::seconds(10);
           ncclResult_t state = ncclInProgress;
           while (ncclCommGetAsyncError(g->comm, &state) == ncclSuccess && state == ncclInProgress &&
-                 clock::now() < until)
+                 detail::clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           finished = state == ncclSuccess;
         }

@@ -110,7 +110,7 @@ inline asio::awaitable<void> leave_store(std::shared_ptr<store> s, std::exceptio
 // The protocol, on any store (thread worlds pass a shared hash_store).
 inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int world_size,
                                         std::string address, const rendezvous_options& options) {
-  const auto start = clock::now();
+  const auto start = detail::clock::now();
   const auto deadline = start + options.timeout;
   auto fail = [&](errc code, std::string detail, std::string peers = {}) {
     throw_error(code, {.operation = "rendezvous",
@@ -149,7 +149,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
     if (missing.empty()) break;
     using std::chrono::duration_cast;
     using std::chrono::seconds;
-    if (clock::now() >= deadline)
+    if (detail::clock::now() >= deadline)
       fail(errc::timeout,
            "ranks still missing after " +
                std::to_string(duration_cast<seconds>(options.timeout).count()) +
@@ -158,7 +158,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
            "ranks " + format_ranks(missing));
     auto line = "rank " + std::to_string(rank) + " waiting for ranks " + format_ranks(missing) +
                 " at " + address + ", " +
-                std::to_string(duration_cast<seconds>(clock::now() - start).count()) + " s of " +
+                std::to_string(duration_cast<seconds>(detail::clock::now() - start).count()) + " s of " +
                 std::to_string(duration_cast<seconds>(options.timeout).count()) + " s";
     if (options.on_progress)
       options.on_progress(line);
@@ -174,7 +174,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 // tcp store, waits until all have said so, so nobody loses the store while
 // still using it.
 inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int world_size,
-                                       clock::time_point deadline) {
+                                       detail::clock::time_point deadline) {
   if (rank != 0) {
     co_await s->set(rdzv_key(rank, "departed"), "1");
     co_return;
@@ -296,7 +296,7 @@ auto depart(const rendezvous_result& world, Token&& token = {}) {
   auto timeout = world.store->timeout();
   return detail::initiate(
       world.store->get_executor(),
-      detail::depart_op(world.store, world.rank, world.world_size, clock::now() + timeout),
+      detail::depart_op(world.store, world.rank, world.world_size, detail::clock::now() + timeout),
       std::forward<Token>(token), "depart", timeout + detail::blocking_grace);
 }
 

@@ -83,7 +83,7 @@ class tcp_backend {
   static asio::awaitable<std::shared_ptr<tcp_backend>> create(std::shared_ptr<store> s, int rank,
                                                               int world, std::string job_token,
                                                               std::string store_host, options o,
-                                                              clock::time_point deadline) {
+                                                              detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
     auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
     std::string advertise = o.advertise_host;
@@ -649,7 +649,7 @@ class tcp_backend {
       // after it).
       copies->cancelled.store(true, std::memory_order_release);
       try {
-        co_await copies_done(*copies, queued, clock::now() + std::chrono::seconds(10), operation,
+        co_await copies_done(*copies, queued, detail::clock::now() + std::chrono::seconds(10), operation,
                              false);
       } catch (...) {
         std::rethrow_exception(failure);  // the lease hands the block to the batch
@@ -663,7 +663,7 @@ class tcp_backend {
   // Until `n` copies of the batch are done (or skipped); a failed copy is
   // rethrown unless `rethrow` is false.
   detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
-                                 clock::time_point deadline, const char* operation,
+                                 detail::clock::time_point deadline, const char* operation,
                                  bool rethrow = true) {
     asio::steady_timer timer(ex_);
     b.waiter = &timer;
@@ -673,7 +673,7 @@ class tcp_backend {
     } guard{b};
     while (b.done < n) {
       if (rethrow && b.failure) std::rethrow_exception(b.failure);
-      if (clock::now() >= deadline)
+      if (detail::clock::now() >= deadline)
         throw_error(errc::timeout, {.operation = operation,
                                     .rank = rank(),
                                     .detail = "the deadline passed while copying a slice of a "

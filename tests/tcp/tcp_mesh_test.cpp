@@ -65,7 +65,7 @@ template <class F>
 outcome timed(F run) {
   outcome o;
   o.ran = true;
-  auto start = dcomm::clock::now();
+  auto start = std::chrono::steady_clock::now();
   try {
     run();
   } catch (const dcomm::error& e) {
@@ -76,7 +76,7 @@ outcome timed(F run) {
   } catch (const std::exception& e) {
     o.error = std::string("not a dcomm::error: ") + e.what();
   }
-  o.took = std::chrono::duration_cast<std::chrono::milliseconds>(dcomm::clock::now() - start);
+  o.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   return o;
 }
 
@@ -118,7 +118,7 @@ std::vector<outcome> run_mesh(const mesh_setup& setup, const std::vector<int>& f
         if (!setup.tokens.empty()) options.job_token = setup.tokens[static_cast<std::size_t>(r)];
         dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
           auto sockets = co_await dcomm::tcp::connect_mesh(s, r, setup.world, options,
-                                                              dcomm::clock::now() + setup.limit);
+                                                              std::chrono::steady_clock::now() + setup.limit);
           if (setup.exchange) co_await exchange_ranks(sockets, r);
         }());
       });
@@ -194,7 +194,7 @@ struct stranger {
         .purpose = "tcp_backend", .token = token, .rank = as_rank};
     try {
       dcomm::sync_wait(
-          ctx, dcomm::detail::client_handshake(s, config, "the mesh", dcomm::clock::now() + 5s));
+          ctx, dcomm::detail::client_handshake(s, config, "the mesh", std::chrono::steady_clock::now() + 5s));
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -301,7 +301,7 @@ TEST_CASE("tcp mesh: 4 processes from dcomm::spawn over a tcp_store") {
     dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
     dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
       auto sockets = co_await dcomm::tcp::connect_mesh(world.store, world.rank, world.world_size,
-                                                          options, dcomm::clock::now() + 30s);
+                                                          options, std::chrono::steady_clock::now() + 30s);
       co_await exchange_ranks(sockets, world.rank);
     }());
     dcomm::depart(world, dcomm::blocking);
@@ -434,8 +434,8 @@ TEST_CASE("tcp mesh: a flood while the real peers handshake: no admitted peer is
                                  flood.emplace_back([target, &stop] {
                                    asio::io_context ctx;
                                    std::vector<tcp::socket> held;
-                                   auto until = dcomm::clock::now() + 20s;
-                                   while (!stop && dcomm::clock::now() < until) {
+                                   auto until = std::chrono::steady_clock::now() + 20s;
+                                   while (!stop && std::chrono::steady_clock::now() < until) {
                                      tcp::socket c(ctx);
                                      asio::error_code ec;
                                      c.connect(target, ec);
@@ -557,7 +557,7 @@ TEST_CASE("tcp mesh: a handshake broken by a reset is retried; a refusal is not"
       co_return;
     }
     dcomm::detail::handshake_config config{.purpose = "tcp_backend", .rank = 0};
-    co_await dcomm::detail::server_handshake(s, config, "rank 1", dcomm::clock::now() + 5s);
+    co_await dcomm::detail::server_handshake(s, config, "rank 1", std::chrono::steady_clock::now() + 5s);
     std::array<char, 1> wait_for_close{};
     asio::error_code ec;
     co_await asio::async_read(s, asio::buffer(wait_for_close),
@@ -576,7 +576,7 @@ TEST_CASE("tcp mesh: a handshake broken by a reset is retried; a refusal is not"
   auto refusing = [](tcp::socket s, int) -> asio::awaitable<void> {
     dcomm::detail::handshake_config config{.purpose = "tcp_backend", .token = "other", .rank = 0};
     try {
-      co_await dcomm::detail::server_handshake(s, config, "rank 1", dcomm::clock::now() + 5s);
+      co_await dcomm::detail::server_handshake(s, config, "rank 1", std::chrono::steady_clock::now() + 5s);
     } catch (const std::exception&) {
     }
   };

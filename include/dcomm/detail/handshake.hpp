@@ -59,7 +59,7 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
 }
 
 inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes,
-                                       clock::time_point deadline, const error_context& ctx) {
+                                       detail::clock::time_point deadline, const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
                            asio::error_code ignored;
@@ -68,7 +68,7 @@ inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes
 }
 
 inline asio::awaitable<std::string> read_n(ip_tcp::socket& socket, std::size_t n,
-                                           clock::time_point deadline, const error_context& ctx) {
+                                           detail::clock::time_point deadline, const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
@@ -89,7 +89,7 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
 // A proof without a MAC, sent by a client that is leaving, so that the
 // server can name the reason. Best effort: the client fails either way.
 inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_t kind,
-                                             clock::time_point deadline, const error_context& ctx) {
+                                             detail::clock::time_point deadline, const error_context& ctx) {
   wire_writer proof;
   proof.u8(kind).raw(std::string(32, '\0'));
   try {
@@ -99,7 +99,7 @@ inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_
 }
 
 inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshake_config& config,
-                                          const std::string& address, clock::time_point deadline) {
+                                          const std::string& address, detail::clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
                     .address = address};
@@ -177,7 +177,7 @@ inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshak
 // and peer_lost when the connection breaks halfway (reset, end of file):
 // always a dcomm::error naming `address`, never a raw socket error.
 inline asio::awaitable<void> client_handshake(ip_tcp::socket& socket, const handshake_config& config,
-                                              std::string address, clock::time_point deadline) {
+                                              std::string address, detail::clock::time_point deadline) {
   std::exception_ptr failure;
   try {
     co_await handshake_detail::client_steps(socket, config, address, deadline);
@@ -211,7 +211,7 @@ using handshake_admit = std::function<std::string(const handshake_peer&)>;
 inline asio::awaitable<handshake_peer> server_handshake(ip_tcp::socket& socket,
                                                         const handshake_config& config,
                                                         std::string peer_address,
-                                                        clock::time_point deadline,
+                                                        detail::clock::time_point deadline,
                                                         handshake_admit admit = {}) {
   using namespace handshake_detail;
   error_context ctx{.operation = "handshake (" + config.purpose + ")", .address = peer_address};

@@ -93,7 +93,7 @@ class kv_table {
   // executor, which must not run handlers concurrently (an io_context run by
   // one thread, or a strand).
   asio::awaitable<std::vector<std::string>> wait_for(std::vector<std::string> keys,
-                                                     clock::time_point deadline) {
+                                                     detail::clock::time_point deadline) {
     auto executor = co_await asio::this_coro::executor;
     auto timer = std::make_shared<asio::steady_timer>(executor, deadline);
     {
@@ -110,7 +110,7 @@ class kv_table {
       auto still_missing = missing(keys);
       // Woken by a set (ec == aborted) or at the deadline; a key may have
       // been deleted again in between, so decide on what the table holds now.
-      if (still_missing.empty() || clock::now() >= deadline) co_return still_missing;
+      if (still_missing.empty() || detail::clock::now() >= deadline) co_return still_missing;
       timer->expires_at(deadline);
     }
   }

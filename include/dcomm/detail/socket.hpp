@@ -39,7 +39,7 @@ inline std::string endpoint_address(const ip_tcp::endpoint& ep) {
 // first op to *succeed*, and Asio's parallel_group cancellation has known
 // use-after-free races (asio#1332, asio#1348) that hung ranks under load.
 template <typename T, typename Cancel>
-asio::awaitable<T> with_deadline(asio::awaitable<T> op, clock::time_point deadline,
+asio::awaitable<T> with_deadline(asio::awaitable<T> op, detail::clock::time_point deadline,
                                  error_context on_timeout, Cancel cancel) {
   struct state {
     bool done = false;
@@ -116,7 +116,7 @@ inline std::error_code socket_error_code(const std::error_code& ec) {
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
 inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
-                                                       clock::time_point deadline,
+                                                       detail::clock::time_point deadline,
                                                        std::string operation) {
   auto executor = co_await asio::this_coro::executor;
   ip_tcp::resolver resolver(executor);
@@ -142,9 +142,9 @@ inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std:
     } catch (const std::system_error& e) {
       last_error = e.code().message();
     }
-    auto now = clock::now();
+    auto now = detail::clock::now();
     if (now >= deadline) break;
-    asio::steady_timer timer(executor, std::min<clock::time_point>(now + backoff, deadline));
+    asio::steady_timer timer(executor, std::min<detail::clock::time_point>(now + backoff, deadline));
     co_await timer.async_wait(asio::use_awaitable);
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }

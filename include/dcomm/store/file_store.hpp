@@ -204,7 +204,7 @@ class file_store final : public store {
     constexpr const char* op = "file_store.set";
     check_key(key, op);
     check_value(key, value, op);
-    auto file = co_await acquire(lock_kind::exclusive, clock::now() + timeout(), op, key);
+    auto file = co_await acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
     {
       std::lock_guard lock(mutex_);
       replay_locked(file.fd(), true, op);
@@ -212,7 +212,7 @@ class file_store final : public store {
     }
   }
 
-  asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) override {
     constexpr const char* op = "file_store.get";
     check_key(key, op);
     auto backoff = poll_backoff_start;
@@ -226,7 +226,7 @@ class file_store final : public store {
         if (auto it = data_.find(key); it != data_.end()) value = it->second;
       }
       if (value) co_return std::move(*value);
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= deadline)
         throw_error(errc::timeout, {.operation = op,
                                     .key = key,
@@ -234,14 +234,14 @@ class file_store final : public store {
                                     .detail = "key still missing at the deadline"});
       if (!timer) timer.emplace(co_await asio::this_coro::executor);
       co_await sleep(*timer, backoff, deadline);
-      backoff = std::min<clock::duration>(backoff * 2, poll_backoff_cap);
+      backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
     }
   }
 
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
     constexpr const char* op = "file_store.add";
     check_key(key, op);
-    auto file = co_await acquire(lock_kind::exclusive, clock::now() + timeout(), op, key);
+    auto file = co_await acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
     std::int64_t value = 0;
     {
       std::lock_guard lock(mutex_);
@@ -256,7 +256,7 @@ class file_store final : public store {
     constexpr const char* op = "file_store.compare_set";
     check_key(key, op);
     check_value(key, desired, op);
-    auto file = co_await acquire(lock_kind::exclusive, clock::now() + timeout(), op, key);
+    auto file = co_await acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
     std::string result;
     {
       std::lock_guard lock(mutex_);
@@ -282,7 +282,7 @@ class file_store final : public store {
   }
 
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  clock::time_point deadline) override {
+                                  detail::clock::time_point deadline) override {
     constexpr const char* op = "file_store.wait";
     for (const auto& k : keys) check_key(k, op);
     auto backoff = poll_backoff_start;
@@ -297,7 +297,7 @@ class file_store final : public store {
           if (!data_.contains(k)) missing.push_back(k);
       }
       if (missing.empty()) co_return;
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= deadline)
         throw_error(errc::timeout, {.operation = op,
                                     .key = detail::join_keys(missing),
@@ -305,7 +305,7 @@ class file_store final : public store {
                                     .detail = "keys still missing at the deadline"});
       if (!timer) timer.emplace(co_await asio::this_coro::executor);
       co_await sleep(*timer, backoff, deadline);
-      backoff = std::min<clock::duration>(backoff * 2, poll_backoff_cap);
+      backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
     }
   }
 
@@ -313,7 +313,7 @@ class file_store final : public store {
     constexpr const char* op = "file_store.check";
     for (const auto& k : keys) check_key(k, op);
     auto file =
-        co_await acquire(lock_kind::shared, clock::now() + timeout(), op, detail::join_keys(keys));
+        co_await acquire(lock_kind::shared, detail::clock::now() + timeout(), op, detail::join_keys(keys));
     bool all = true;
     {
       std::lock_guard lock(mutex_);
@@ -326,7 +326,7 @@ class file_store final : public store {
   asio::awaitable<bool> delete_key_impl(std::string key) override {
     constexpr const char* op = "file_store.delete_key";
     check_key(key, op);
-    auto file = co_await acquire(lock_kind::exclusive, clock::now() + timeout(), op, key);
+    auto file = co_await acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
     bool existed = false;
     {
       std::lock_guard lock(mutex_);
@@ -339,7 +339,7 @@ class file_store final : public store {
 
   asio::awaitable<std::int64_t> num_keys_impl() override {
     constexpr const char* op = "file_store.num_keys";
-    auto file = co_await acquire(lock_kind::shared, clock::now() + timeout(), op, {});
+    auto file = co_await acquire(lock_kind::shared, detail::clock::now() + timeout(), op, {});
     std::int64_t n = 0;
     {
       std::lock_guard lock(mutex_);
@@ -354,11 +354,11 @@ class file_store final : public store {
   enum class lock_kind { shared, exclusive };
 
   // Polling for keys that are not there yet.
-  static constexpr clock::duration poll_backoff_start = std::chrono::milliseconds(1);
-  static constexpr clock::duration poll_backoff_cap = std::chrono::milliseconds(50);
+  static constexpr detail::clock::duration poll_backoff_start = std::chrono::milliseconds(1);
+  static constexpr detail::clock::duration poll_backoff_cap = std::chrono::milliseconds(50);
   // Retrying a lock someone else holds (held for microseconds, normally).
-  static constexpr clock::duration lock_backoff_start = std::chrono::microseconds(50);
-  static constexpr clock::duration lock_backoff_cap = std::chrono::milliseconds(5);
+  static constexpr detail::clock::duration lock_backoff_start = std::chrono::microseconds(50);
+  static constexpr detail::clock::duration lock_backoff_cap = std::chrono::milliseconds(5);
 
   // An open descriptor of the store file, locked while it lives. The lock
   // belongs to the open file description, so it also excludes other
@@ -546,35 +546,35 @@ class file_store final : public store {
                    " before the deadline; another process holds it (stopped or hung?)"});
   }
 
-  asio::awaitable<locked_file> acquire(lock_kind kind, clock::time_point deadline, const char* op,
+  asio::awaitable<locked_file> acquire(lock_kind kind, detail::clock::time_point deadline, const char* op,
                                        std::string keys) const {
     auto backoff = lock_backoff_start;
     std::optional<asio::steady_timer> timer;
     for (;;) {
       if (auto file = try_lock(kind, op)) co_return std::move(*file);
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= deadline) lock_timeout(kind, op, std::move(keys));
       if (!timer) timer.emplace(co_await asio::this_coro::executor);
       co_await sleep(*timer, backoff, deadline);
-      backoff = std::min<clock::duration>(backoff * 2, lock_backoff_cap);
+      backoff = std::min<detail::clock::duration>(backoff * 2, lock_backoff_cap);
     }
   }
 
   // For the constructor and the destructor, which cannot suspend.
-  locked_file acquire_blocking(lock_kind kind, clock::time_point deadline, const char* op) const {
+  locked_file acquire_blocking(lock_kind kind, detail::clock::time_point deadline, const char* op) const {
     auto backoff = lock_backoff_start;
     for (;;) {
       if (auto file = try_lock(kind, op)) return std::move(*file);
-      const auto now = clock::now();
+      const auto now = detail::clock::now();
       if (now >= deadline) lock_timeout(kind, op, {});
-      std::this_thread::sleep_for(std::min<clock::duration>(backoff, deadline - now));
-      backoff = std::min<clock::duration>(backoff * 2, lock_backoff_cap);
+      std::this_thread::sleep_for(std::min<detail::clock::duration>(backoff, deadline - now));
+      backoff = std::min<detail::clock::duration>(backoff * 2, lock_backoff_cap);
     }
   }
 
-  static asio::awaitable<void> sleep(asio::steady_timer& timer, clock::duration d,
-                                     clock::time_point deadline) {
-    timer.expires_at(std::min(clock::now() + d, deadline));
+  static asio::awaitable<void> sleep(asio::steady_timer& timer, detail::clock::duration d,
+                                     detail::clock::time_point deadline) {
+    timer.expires_at(std::min(detail::clock::now() + d, deadline));
     co_await timer.async_wait(asio::use_awaitable);
   }
 
@@ -669,14 +669,14 @@ class file_store final : public store {
   static std::uint64_t new_file_id() {
     std::random_device rd;
     std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
-                       static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) ^
+                       static_cast<std::uint64_t>(detail::clock::now().time_since_epoch().count()) ^
                        (static_cast<std::uint64_t>(::getpid()) << 20);
     return id == 0 ? 1 : id;
   }
 
   void register_instance() {
     constexpr const char* op = "file_store.create";
-    auto file = acquire_blocking(lock_kind::exclusive, clock::now() + timeout(), op);
+    auto file = acquire_blocking(lock_kind::exclusive, detail::clock::now() + timeout(), op);
     std::lock_guard lock(mutex_);
     replay_locked(file.fd(), true, op);
     add_locked(file.fd(), reserved("instances"), 1, op);
@@ -685,7 +685,7 @@ class file_store final : public store {
 
   void sign_off() {
     constexpr const char* op = "file_store.~file_store";
-    auto file = acquire_blocking(lock_kind::exclusive, clock::now() + timeout(), op);
+    auto file = acquire_blocking(lock_kind::exclusive, detail::clock::now() + timeout(), op);
     std::lock_guard lock(mutex_);
     replay_locked(file.fd(), true, op);
     const auto finished = add_locked(file.fd(), reserved("finished"), 1, op);

@@ -41,7 +41,7 @@ class hash_store final : public store {
     table_->set(key, std::move(value));
     co_return;
   }
-  asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) override {
     // Named, not a braced temporary: g++ 12 miscompiles initializer lists
     // inside co_await expressions ("array used as initializer").
     std::vector<std::string> keys(1, key);
@@ -58,7 +58,7 @@ class hash_store final : public store {
     co_return table_->compare_set(key, expected, std::move(desired));
   }
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  clock::time_point deadline) override {
+                                  detail::clock::time_point deadline) override {
     auto missing = co_await table_->wait_for(keys, deadline);
     if (!missing.empty())
       throw_error(errc::timeout, {.operation = "hash_store.wait",

@@ -51,7 +51,7 @@ class store : public std::enable_shared_from_this<store> {
   }
   template <completion_token_for<std::string> Token = default_token_t>
   auto get(std::string key, duration timeout, Token&& token = {}) {
-    return run(get_impl(std::move(key), clock::now() + timeout), std::forward<Token>(token), "get",
+    return run(get_impl(std::move(key), detail::clock::now() + timeout), std::forward<Token>(token), "get",
                timeout);
   }
 
@@ -77,7 +77,7 @@ class store : public std::enable_shared_from_this<store> {
   }
   template <completion_token_for Token = default_token_t>
   auto wait(std::vector<std::string> keys, duration timeout, Token&& token = {}) {
-    return run(wait_impl(std::move(keys), clock::now() + timeout), std::forward<Token>(token),
+    return run(wait_impl(std::move(keys), detail::clock::now() + timeout), std::forward<Token>(token),
                "wait", timeout);
   }
 
@@ -105,12 +105,12 @@ class store : public std::enable_shared_from_this<store> {
 
  protected:
   virtual asio::awaitable<void> set_impl(std::string key, std::string value) = 0;
-  virtual asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) = 0;
+  virtual asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) = 0;
   virtual asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) = 0;
   virtual asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                         std::string desired) = 0;
   virtual asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                          clock::time_point deadline) = 0;
+                                          detail::clock::time_point deadline) = 0;
   virtual asio::awaitable<bool> check_impl(std::vector<std::string> keys) = 0;
   virtual asio::awaitable<bool> delete_key_impl(std::string key) = 0;
   virtual asio::awaitable<std::int64_t> num_keys_impl() = 0;

@@ -99,7 +99,7 @@ class tcp_store_server {
   // why (a notice, see notice_id), and returns once that is written or the
   // deadline passed. `peers`: whom the host's failure blames.
   asio::awaitable<void> notify_leaving(std::string peers, std::string detail,
-                                       clock::time_point deadline) {
+                                       detail::clock::time_point deadline) {
     co_await asio::co_spawn(impl_->strand,
                             impl::notify_op(impl_, std::move(peers), std::move(detail), deadline),
                             asio::use_awaitable);
@@ -227,7 +227,7 @@ class tcp_store_server {
     }
 
     static asio::awaitable<void> notify_op(std::shared_ptr<impl> self, std::string peers,
-                                           std::string detail, clock::time_point deadline) {
+                                           std::string detail, detail::clock::time_point deadline) {
       detail::wire_writer notice;
       notice.u64(detail::notice_id)
           .u8(static_cast<std::uint8_t>(detail::store_status::notice))
@@ -243,7 +243,7 @@ class tcp_store_server {
           }
         }
       asio::steady_timer pause(self->strand);
-      while (clock::now() < deadline &&
+      while (detail::clock::now() < deadline &&
              std::any_of(told.begin(), told.end(), [](auto& c) { return !c->flushed(); })) {
         pause.expires_after(std::chrono::milliseconds(5));
         co_await pause.async_wait(asio::use_awaitable);
@@ -280,7 +280,7 @@ class tcp_store_server {
         detail::handshake_config config{.purpose = std::string(detail::store_purpose),
                                         .token = self->options.job_token};
         auto who = co_await detail::server_handshake(
-            conn->socket(), config, peer, clock::now() + self->options.handshake_timeout);
+            conn->socket(), config, peer, detail::clock::now() + self->options.handshake_timeout);
         if (who.rank >= 0) peer += " (rank " + std::to_string(who.rank) + ")";
         for (;;) {
           std::string body = co_await conn->read_frame();
@@ -394,7 +394,7 @@ class tcp_store_server {
                                              std::uint64_t id, detail::store_op op,
                                              std::vector<std::string> keys,
                                              std::chrono::milliseconds timeout) {
-      auto deadline = clock::now() + timeout;
+      auto deadline = detail::clock::now() + timeout;
       detail::wire_writer out;
       out.u64(id);
       for (;;) {
@@ -478,13 +478,13 @@ class tcp_store final : public store {
   asio::awaitable<void> leave(const dcomm::error& why) {
     if (!server_) co_return;
     co_await server_->notify_leaving(why.context().peers, why.what(),
-                                     clock::now() + std::chrono::seconds(1));
+                                     detail::clock::now() + std::chrono::seconds(1));
   }
 
   // Connects (with retries until the store's timeout) and authenticates.
   template <completion_token_for Token = default_token_t>
   auto connect(Token&& token = {}) {
-    return detail::initiate(strand_, connect_op(shared_self(), clock::now() + timeout()),
+    return detail::initiate(strand_, connect_op(shared_self(), detail::clock::now() + timeout()),
                             std::forward<Token>(token), "tcp_store.connect",
                             timeout() + detail::blocking_grace);
   }
@@ -493,9 +493,9 @@ class tcp_store final : public store {
     detail::wire_writer w;
     w.str(key).str(value);
     co_await request(detail::store_op::set, std::move(w), "tcp_store.set", key,
-                     clock::now() + timeout());
+                     detail::clock::now() + timeout());
   }
-  asio::awaitable<std::string> get_impl(std::string key, clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) override {
     std::vector<std::string> keys(1, key);
     detail::wire_writer w;
     w.strs(keys).u64(remaining_ms(deadline));
@@ -507,7 +507,7 @@ class tcp_store final : public store {
     detail::wire_writer w;
     w.str(key).i64(delta);
     auto reply = co_await request(detail::store_op::add, std::move(w), "tcp_store.add", key,
-                                  clock::now() + timeout());
+                                  detail::clock::now() + timeout());
     co_return decode(reply, "tcp_store.add", key, [](detail::wire_reader& r) { return r.i64(); });
   }
   asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
@@ -515,12 +515,12 @@ class tcp_store final : public store {
     detail::wire_writer w;
     w.str(key).str(expected).str(desired);
     auto reply = co_await request(detail::store_op::compare_set, std::move(w),
-                                  "tcp_store.compare_set", key, clock::now() + timeout());
+                                  "tcp_store.compare_set", key, detail::clock::now() + timeout());
     co_return decode(reply, "tcp_store.compare_set", key,
                      [](detail::wire_reader& r) { return r.str(); });
   }
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  clock::time_point deadline) override {
+                                  detail::clock::time_point deadline) override {
     detail::wire_writer w;
     w.strs(keys).u64(remaining_ms(deadline));
     co_await request(detail::store_op::wait, std::move(w), "tcp_store.wait",
@@ -531,7 +531,7 @@ class tcp_store final : public store {
     w.strs(keys);
     auto joined = detail::join_keys(keys);
     auto reply = co_await request(detail::store_op::check, std::move(w), "tcp_store.check", joined,
-                                  clock::now() + timeout());
+                                  detail::clock::now() + timeout());
     co_return decode(reply, "tcp_store.check", joined,
                      [](detail::wire_reader& r) { return r.u8() != 0; });
   }
@@ -539,13 +539,13 @@ class tcp_store final : public store {
     detail::wire_writer w;
     w.str(key);
     auto reply = co_await request(detail::store_op::delete_key, std::move(w),
-                                  "tcp_store.delete_key", key, clock::now() + timeout());
+                                  "tcp_store.delete_key", key, detail::clock::now() + timeout());
     co_return decode(reply, "tcp_store.delete_key", key,
                      [](detail::wire_reader& r) { return r.u8() != 0; });
   }
   asio::awaitable<std::int64_t> num_keys_impl() override {
     auto reply = co_await request(detail::store_op::num_keys, detail::wire_writer{},
-                                  "tcp_store.num_keys", "", clock::now() + timeout());
+                                  "tcp_store.num_keys", "", detail::clock::now() + timeout());
     co_return decode(reply, "tcp_store.num_keys", "",
                      [](detail::wire_reader& r) { return r.i64(); });
   }
@@ -584,8 +584,8 @@ class tcp_store final : public store {
     return std::static_pointer_cast<tcp_store>(shared_from_this());
   }
 
-  static std::uint64_t remaining_ms(clock::time_point deadline) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+  static std::uint64_t remaining_ms(detail::clock::time_point deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - detail::clock::now());
     return static_cast<std::uint64_t>(std::max<std::int64_t>(left.count(), 0));
   }
 
@@ -610,11 +610,11 @@ class tcp_store final : public store {
   }
 
   static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
-                                          clock::time_point deadline) {
+                                          detail::clock::time_point deadline) {
     co_await self->ensure_connected(deadline);
   }
 
-  asio::awaitable<void> ensure_connected(clock::time_point deadline) {
+  asio::awaitable<void> ensure_connected(detail::clock::time_point deadline) {
     if (stream_) co_return;
     if (lost_) std::rethrow_exception(lost_);
     if (connecting_) {
@@ -650,7 +650,7 @@ class tcp_store final : public store {
   }
 
   // Connects and authenticates; on success the stream and its reader run.
-  asio::awaitable<void> connect_stream(clock::time_point deadline) {
+  asio::awaitable<void> connect_stream(detail::clock::time_point deadline) {
     auto socket =
         co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
     detail::handshake_config config{.purpose = std::string(detail::store_purpose),
@@ -740,7 +740,7 @@ class tcp_store final : public store {
   // Sends one request and waits for its reply (status byte stripped).
   asio::awaitable<std::string> request(detail::store_op op, detail::wire_writer args,
                                        std::string operation, std::string key,
-                                       clock::time_point deadline) {
+                                       detail::clock::time_point deadline) {
     // The server would drop the connection, failing every pending operation.
     if (args.bytes().size() + 9 > options_.max_frame_bytes) {
       auto ctx = context(operation, key);

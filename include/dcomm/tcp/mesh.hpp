@@ -149,7 +149,7 @@ inline std::pair<std::string, std::uint16_t> parse_address(const std::string& wh
 inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store> s, int rank, int peer,
                                                const mesh_options& options,
                                                const detail::handshake_config& config,
-                                               clock::time_point deadline) {
+                                               detail::clock::time_point deadline) {
   auto executor = co_await asio::this_coro::executor;
   const std::string key = options.key_prefix + "/addr/" + std::to_string(peer);
   std::string where;
@@ -196,7 +196,7 @@ inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store>
     }
     // A refusal, a stranger's server, the deadline: final. A reset or an
     // end of file: the peer may have been busy or dropped us; try again.
-    if (!broken || clock::now() + backoff >= deadline) {
+    if (!broken || detail::clock::now() + backoff >= deadline) {
       if (!broken || attempt == 1) rethrow_for_peer(failure, rank, peer, address);
       std::string last;
       try {
@@ -214,7 +214,7 @@ inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store>
     }
     log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(rank) + "): handshake with rank " +
                               std::to_string(peer) + " at " + address + " broke; retrying");
-    asio::steady_timer pause(executor, clock::now() + backoff);
+    asio::steady_timer pause(executor, detail::clock::now() + backoff);
     co_await pause.async_wait(asio::use_awaitable);
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }
@@ -224,7 +224,7 @@ inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store>
 // and connect_mesh. Everything runs on one executor (a strand or a
 // one-thread context), so nothing here is locked.
 struct acceptance {
-  acceptance(const asio::any_io_executor& ex, int rank_, int world_, clock::time_point deadline_,
+  acceptance(const asio::any_io_executor& ex, int rank_, int world_, detail::clock::time_point deadline_,
              detail::handshake_config config_, const mesh_options& options)
       : rank(rank_),
         world(world_),
@@ -245,7 +245,7 @@ struct acceptance {
 
   const int rank;
   const int world;
-  const clock::time_point deadline;
+  const detail::clock::time_point deadline;
   const detail::handshake_config config;
   const std::chrono::milliseconds handshake_timeout;
   const std::size_t max_pending;
@@ -415,7 +415,7 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st, detai
     st->talking.erase(id);
     return {};
   };
-  const auto deadline = std::min(st->deadline, clock::now() + st->handshake_timeout);
+  const auto deadline = std::min(st->deadline, detail::clock::now() + st->handshake_timeout);
   std::exception_ptr failure;
   detail::handshake_peer peer;
   try {
@@ -483,7 +483,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
       log(detail::log_level::warning,
           "tcp mesh (rank " + std::to_string(st->rank) + ") cannot accept: " + ec.message());
       asio::steady_timer pause(
-          executor, std::min(st->deadline, clock::now() + std::chrono::milliseconds(50)));
+          executor, std::min(st->deadline, detail::clock::now() + std::chrono::milliseconds(50)));
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
@@ -503,7 +503,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
 
 inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int rank, int world,
                                                   mesh_options options,
-                                                  clock::time_point deadline) {
+                                                  detail::clock::time_point deadline) {
   using namespace mesh_detail;
   detail::require_crypto_for(options.job_token, "tcp mesh");
   auto executor = co_await asio::this_coro::executor;

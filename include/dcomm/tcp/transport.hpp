@@ -183,13 +183,13 @@ class item_list {
 
 // One operation in progress: its items, its deadline, how it failed.
 struct op_state {
-  op_state(asio::any_io_executor ex, clock::time_point deadline_)
+  op_state(asio::any_io_executor ex, detail::clock::time_point deadline_)
       : timer(ex, deadline_), deadline(deadline_) {}
   op_state(const op_state&) = delete;
   op_state& operator=(const op_state&) = delete;
 
   asio::steady_timer timer;  // expires at the deadline; cancelled to wake the op
-  clock::time_point deadline;
+  detail::clock::time_point deadline;
   std::exception_ptr failure;
   item_list items;
   // For messages, and for the fail frames a failed collective sends.
@@ -514,12 +514,12 @@ class transport : public std::enable_shared_from_this<transport> {
     // its io_context, and the transport may.
     auto timer = std::make_shared<asio::steady_timer>(ex_);
     close_timer_ = timer;
-    drain(timer, clock::now() + close_grace);
+    drain(timer, detail::clock::now() + close_grace);
   }
 
   // One step of close(): every millisecond until each link is closed.
-  void drain(const std::shared_ptr<asio::steady_timer>& timer, clock::time_point cut) {
-    const bool late = clock::now() >= cut;
+  void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut) {
+    const bool late = detail::clock::now() >= cut;
     bool open = false;
     for (auto& l : links_) {
       if (!l->socket.is_open()) continue;

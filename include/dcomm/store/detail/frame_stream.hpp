@@ -51,7 +51,7 @@ struct frame_limits {
   std::size_t max_frame_bytes = default_max_frame_bytes;
   // Once a frame's first byte is in, the rest must arrive within this (zero:
   // no limit). Between frames a connection may idle for ever.
-  clock::duration frame_timeout = default_frame_timeout;
+  detail::clock::duration frame_timeout = default_frame_timeout;
   std::shared_ptr<frame_budget> budget{};  // null: unbounded (a client's own connection)
 };
 
@@ -191,8 +191,8 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   void begin_frame() {
     in_frame_ = true;
     frame_length_ = 0;
-    if (limits_.frame_timeout <= clock::duration::zero()) return;
-    frame_deadline_ = clock::now() + limits_.frame_timeout;
+    if (limits_.frame_timeout <= detail::clock::duration::zero()) return;
+    frame_deadline_ = detail::clock::now() + limits_.frame_timeout;
     extended_ = false;
     if (!watch_timer_) {
       watch_timer_ = std::make_shared<asio::steady_timer>(socket_.get_executor(), frame_deadline_);
@@ -209,7 +209,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
       co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
       auto self = weak.lock();
       if (!self || self->closed_) co_return;
-      auto now = clock::now();
+      auto now = detail::clock::now();
       if (self->in_frame_ && now >= self->frame_deadline_) {
         // Bytes waiting unread mean the reader is behind (its executor did
         // not run for a while), not that the peer went silent: once per
@@ -265,7 +265,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   bool in_frame_ = false;
   bool extended_ = false;
   std::size_t frame_length_ = 0;
-  clock::time_point frame_deadline_{};
+  detail::clock::time_point frame_deadline_{};
   std::shared_ptr<asio::steady_timer> watch_timer_;
 };
 
