@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "dcomm/completion.hpp"
+#include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm::detail {

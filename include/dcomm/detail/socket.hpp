@@ -12,7 +12,8 @@
 #include <system_error>
 #include <variant>
 
-#include "dcomm/completion.hpp"
+#include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm::detail {
