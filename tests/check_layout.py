@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The layout rules of include/dcomm, checked (docs/design.md, "Floors").
+
+1. Floors: a header includes only headers of its own floor or a lower one.
+2. Components (tcp/, nccl/, store/, launch/, ...) do not include each other's
+   internals, except where ALLOWED_CROSSINGS says so.
+3. Size: no header over MAX_LINES unless its first comment block says why
+   (a line starting with "// Size:").
+4. Every collective of the TCP backend's tuning table has its algorithm in
+   tcp/algorithms/<op>.hpp (the _v forms beside their base op).
+
+Run from anywhere: check_layout.py <repository root>. Prints each breach
+and exits 1 if there is one.
+"""
+import pathlib
+import re
+import sys
+
+MAX_LINES = 600
+
+# (floor, path prefix or exact file), first match wins; paths are relative to
+# include/. A header that matches none is itself a breach: say where it lives.
+FLOORS = [
+    (0, 'dcomm/detail/'),
+    (0, 'dcomm/error.hpp'), (0, 'dcomm/half.hpp'), (0, 'dcomm/dtype.hpp'),
+    (0, 'dcomm/reduce_op.hpp'), (0, 'dcomm/tensor.hpp'),
+    (1, 'dcomm/completion.hpp'), (1, 'dcomm/backend.hpp'), (1, 'dcomm/cuda.hpp'),
+    (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
+    (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
+    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'),
+    (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
+    (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
+    (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
+    (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
+    (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'),
+    (6, 'dcomm/dcomm.hpp'),
+]
+
+COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/']
+# Component -> components whose headers it may include (the mesh finds its
+# peers through the store).
+ALLOWED_CROSSINGS = {'dcomm/tcp/': ['dcomm/store/store.hpp']}
+
+
+def floor_of(path):
+    for floor, where in FLOORS:
+        if path == where or (where.endswith('/') and path.startswith(where)):
+            return floor
+    return None
+
+
+def component_of(path):
+    return next((c for c in COMPONENTS if path.startswith(c)), None)
+
+
+def main(root):
+    inc = root / 'include'
+    breaches = []
+    headers = sorted(p.relative_to(inc).as_posix() for p in inc.rglob('*.hpp'))
+    for h in headers:
+        text = (inc / h).read_text()
+        fl = floor_of(h)
+        if fl is None:
+            breaches.append(f'{h}: on no floor (add it to FLOORS in tests/check_layout.py)')
+            continue
+        lines = text.count('\n')
+        head = text[:text.find('#pragma once')] if '#pragma once' in text else text[:2000]
+        if lines > MAX_LINES and '// Size:' not in head:
+            breaches.append(f'{h}: {lines} lines, over {MAX_LINES} with no "// Size:" reason at its top')
+        for target in re.findall(r'^#include\s+[<"](dcomm/[^">]+)[">]', text, re.M):
+            tf = floor_of(target)
+            if tf is None:
+                continue  # reported as a header of its own
+            if tf > fl:
+                breaches.append(f'{h} (floor {fl}) includes {target} (floor {tf}): an arrow up')
+            c, tc = component_of(h), component_of(target)
+            if c and tc and c != tc and target not in ALLOWED_CROSSINGS.get(c, []):
+                breaches.append(f'{h} reaches into another component: {target}')
+    tuning = (inc / 'dcomm/tcp/tuning.hpp').read_text()
+    for op in sorted(set(re.findall(r'\{coll_op::(\w+),', tuning))):
+        base = re.sub(r'_v$', '', op)
+        if not (inc / f'dcomm/tcp/algorithms/{base}.hpp').exists():
+            breaches.append(f'tcp collective {op}: no tcp/algorithms/{base}.hpp')
+    for b in breaches:
+        print('layout:', b)
+    print(f'{len(headers)} headers checked, {len(breaches)} breaches')
+    return 1 if breaches else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else '.').resolve()))
