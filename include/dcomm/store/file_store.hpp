@@ -290,7 +290,7 @@ class file_store final : public store {
     for (;;) {
       std::vector<std::string> missing;
       {
-        auto file = co_await acquire(lock_kind::shared, deadline, op, detail::join_keys(keys));
+        auto file = co_await acquire(lock_kind::shared, deadline, op, store_detail::join_keys(keys));
         std::lock_guard lock(mutex_);
         replay_locked(file.fd(), false, op);
         for (const auto& k : keys)
@@ -300,7 +300,7 @@ class file_store final : public store {
       const auto now = detail::clock::now();
       if (now >= deadline)
         throw_error(errc::timeout, {.operation = op,
-                                    .key = detail::join_keys(missing),
+                                    .key = store_detail::join_keys(missing),
                                     .address = address(),
                                     .detail = "keys still missing at the deadline"});
       if (!timer) timer.emplace(co_await asio::this_coro::executor);
@@ -313,7 +313,7 @@ class file_store final : public store {
     constexpr const char* op = "file_store.check";
     for (const auto& k : keys) check_key(k, op);
     auto file =
-        co_await acquire(lock_kind::shared, detail::clock::now() + timeout(), op, detail::join_keys(keys));
+        co_await acquire(lock_kind::shared, detail::clock::now() + timeout(), op, store_detail::join_keys(keys));
     bool all = true;
     {
       std::lock_guard lock(mutex_);
