@@ -32,7 +32,7 @@ namespace {
 using namespace std::chrono_literals;
 using dcomm::file_store;
 using dcomm::store;
-namespace file_log = dcomm::detail::file_log;
+namespace file_log = dcomm::store_detail::file_log;
 
 struct temp_dir {
   std::string path;

@@ -398,7 +398,7 @@ TEST_SUITE("tcp_store") {
     CHECK_FALSE(closed_within(idle.socket, 1s));
     dcomm::detail::wire_writer no_args;
     idle.send(dcomm::test::frame(
-        dcomm::test::request(7, dcomm::detail::store_op::num_keys, std::move(no_args))));
+        dcomm::test::request(7, dcomm::store_detail::store_op::num_keys, std::move(no_args))));
     CHECK(dcomm::test::read_frame(idle.socket).size() == 8 + 1 + 8);
     // The store client, idle as long, carries on too.
     dcomm::sync_wait(ctx, good->set("after", "2"));
@@ -474,7 +474,7 @@ TEST_SUITE("tcp_store") {
         dcomm::detail::wire_writer args;
         args.str(key).str(std::string(size - 8 - 1 - 4 - key.size() - 4, 'v'));
         return dcomm::test::frame(
-            dcomm::test::request(1, dcomm::detail::store_op::set, std::move(args)));
+            dcomm::test::request(1, dcomm::store_detail::store_op::set, std::move(args)));
       };
       raw_client a(server->port()), b(server->port());
       std::string frame_a = set_frame("a"), frame_b = set_frame("b");
@@ -501,7 +501,7 @@ TEST_SUITE("tcp_store") {
         dcomm::detail::wire_writer args;
         args.strs(keys("big")).u64(10000);
         requests += dcomm::test::frame(
-            dcomm::test::request(id, dcomm::detail::store_op::get, std::move(args)));
+            dcomm::test::request(id, dcomm::store_detail::store_op::get, std::move(args)));
       }
       greedy.send(requests);  // 64 MiB of replies, never read
       REQUIRE(logged(greedy.address() + ": "));
@@ -759,8 +759,8 @@ TEST_SUITE("tcp_store processes") {
         tcp::socket near(ctx);
         near.connect(acceptor.local_endpoint());
         auto far = acceptor.accept();
-        auto stream = std::make_shared<dcomm::detail::frame_stream>(std::move(near),
-                                                                    dcomm::detail::frame_limits{});
+        auto stream = std::make_shared<dcomm::store_detail::frame_stream>(
+            std::move(near), dcomm::store_detail::frame_limits{});
         asio::post(ctx, [&] {
           // The first write completes at once (the socket has room), and
           // its completion waits in the queue behind this handler, which

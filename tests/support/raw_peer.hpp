@@ -65,7 +65,7 @@ inline std::string frame(const std::string& body) {
 }
 
 // A store request's body: id, operation, arguments.
-inline std::string request(std::uint64_t id, detail::store_op op, detail::wire_writer args) {
+inline std::string request(std::uint64_t id, store_detail::store_op op, detail::wire_writer args) {
   detail::wire_writer w;
   w.u64(id).u8(static_cast<std::uint8_t>(op)).raw(args.bytes());
   return std::move(w.bytes());

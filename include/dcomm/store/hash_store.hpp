@@ -62,7 +62,7 @@ class hash_store final : public store {
     auto missing = co_await table_->wait_for(keys, deadline);
     if (!missing.empty())
       throw_error(errc::timeout, {.operation = "hash_store.wait",
-                                  .key = detail::join_keys(missing),
+                                  .key = store_detail::join_keys(missing),
                                   .detail = "keys still missing at the deadline"});
   }
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {

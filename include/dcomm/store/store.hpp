@@ -137,7 +137,7 @@ class store : public std::enable_shared_from_this<store> {
   duration timeout_;
 };
 
-namespace detail {
+namespace store_detail {
 // Comma-separated key list for messages.
 inline std::string join_keys(const std::vector<std::string>& keys) {
   std::string out;
@@ -147,6 +147,6 @@ inline std::string join_keys(const std::vector<std::string>& keys) {
   }
   return out;
 }
-}  // namespace detail
+}  // namespace store_detail
 
 }  // namespace dcomm

@@ -3,6 +3,10 @@
 // stalled peer from holding memory or a connection for ever (a size limit
 // per frame, a deadline per frame once it has begun, and a server-wide
 // budget for the bytes of frames in flight).
+//
+// Every header in store/detail/ uses namespace dcomm::store_detail: the
+// store component's internals, apart from dcomm::detail (the ground floor,
+// dcomm/detail/). Not dcomm::store::detail: dcomm::store is the class.
 #pragma once
 
 #include <algorithm>
@@ -16,10 +20,11 @@
 #include <utility>
 
 #include "dcomm/completion.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 
-namespace dcomm::detail {
+namespace dcomm::store_detail {
 
 inline constexpr std::size_t default_max_frame_bytes = std::size_t{64} << 20;
 inline constexpr std::size_t default_max_buffered_bytes = std::size_t{256} << 20;
@@ -62,7 +67,7 @@ struct frame_limits {
 // (a frame over a limit), timeout (a frame cut short, then silence).
 class frame_stream : public std::enable_shared_from_this<frame_stream> {
  public:
-  frame_stream(ip_tcp::socket socket, frame_limits limits)
+  frame_stream(detail::ip_tcp::socket socket, frame_limits limits)
       : socket_(std::move(socket)), limits_(std::move(limits)) {}
   frame_stream(const frame_stream&) = delete;
   frame_stream& operator=(const frame_stream&) = delete;
@@ -71,7 +76,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     give_back(held_);
   }
 
-  ip_tcp::socket& socket() noexcept { return socket_; }
+  detail::ip_tcp::socket& socket() noexcept { return socket_; }
   // Nothing queued or being written (or closed).
   bool flushed() const noexcept { return closed_ || (!writing_ && outbox_.empty()); }
 
@@ -143,7 +148,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     if (closed_) return;
     closed_ = true;
     asio::error_code ignored;
-    socket_.shutdown(ip_tcp::socket::shutdown_both, ignored);
+    socket_.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
     if (watch_timer_) watch_timer_->cancel();
     for (auto& frame : outbox_) give_back(4 + frame.body.size());
@@ -253,7 +258,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
     self->writing_ = false;
   }
 
-  ip_tcp::socket socket_;
+  detail::ip_tcp::socket socket_;
   frame_limits limits_;
   std::deque<outgoing> outbox_;
   bool writing_ = false;
@@ -269,4 +274,4 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   std::shared_ptr<asio::steady_timer> watch_timer_;
 };
 
-}  // namespace dcomm::detail
+}  // namespace dcomm::store_detail
