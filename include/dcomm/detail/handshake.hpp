@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
@@ -33,6 +34,13 @@
 #include "dcomm/detail/wire.hpp"
 
 namespace dcomm::detail {
+
+// The job token every rank of a job shares (empty: none): the default of
+// the options of the store, the mesh and the communicator.
+inline std::string job_token_from_environment() {
+  const char* t = std::getenv("DCOMM_JOB_TOKEN");
+  return t ? t : "";
+}
 
 inline constexpr std::string_view handshake_magic = "DCMH";
 inline constexpr std::uint16_t protocol_version = 1;

@@ -36,19 +36,6 @@
 
 namespace dcomm {
 
-namespace detail {
-
-// The job token every rank of a job shares (empty: none): the default of
-// the options of the store, the mesh and the communicator. A ground-floor
-// helper that lives here, in namespace detail, because tcp_store was its
-// first user; its place is detail/handshake.hpp, beside the token's checks.
-inline std::string job_token_from_environment() {
-  const char* t = std::getenv("DCOMM_JOB_TOKEN");
-  return t ? t : "";
-}
-
-}  // namespace detail
-
 struct tcp_store_server_options {
   // Address to listen on; empty: every interface, IPv6 and IPv4 (as c10d).
   std::string bind_host = "";
