@@ -61,285 +61,13 @@
 #include "dcomm/cuda.hpp"
 #include "dcomm/detail/device_memory.hpp"
 #include "dcomm/error.hpp"
+#include "dcomm/nccl/completion_estimate.hpp"
+#include "dcomm/nccl/staging.hpp"
+#include "dcomm/nccl/types.hpp"
+#include "dcomm/nccl/wait.hpp"
 #include "dcomm/store/store.hpp"
 
 namespace dcomm {
-
-namespace detail::nccl {
-
-inline ncclDataType_t data_type(dtype t) {
-  switch (t) {
-    case dtype::int8:
-      return ncclInt8;
-    case dtype::uint8:
-      return ncclUint8;
-    case dtype::int32:
-      return ncclInt32;
-    case dtype::int64:
-      return ncclInt64;
-    case dtype::float16:
-      return ncclFloat16;
-    case dtype::bfloat16:
-      return ncclBfloat16;
-    case dtype::float32:
-      return ncclFloat32;
-    case dtype::float64:
-      return ncclFloat64;
-  }
-  throw_error(errc::invalid_argument,
-              {.operation = "nccl_backend",
-               .seen = "dtype value " + std::to_string(static_cast<unsigned>(t)),
-               .detail = "not a dcomm::dtype"});
-}
-
-// The bitwise ops and custom functors never get here: the front end
-// rejects them at compile time (supports_bitwise_reduce and
-// supports_custom_reduce are false), and make_reducer(op, dtype) checks
-// the rest.
-inline ncclRedOp_t reduce_op(reduce_kind k) {
-  switch (k) {
-    case reduce_kind::sum:
-      return ncclSum;
-    case reduce_kind::prod:
-      return ncclProd;
-    case reduce_kind::min:
-      return ncclMin;
-    case reduce_kind::max:
-      return ncclMax;
-    case reduce_kind::avg:
-      return ncclAvg;
-    default:
-      break;
-  }
-  throw_error(errc::invalid_argument,
-              {.operation = "nccl_backend",
-               .seen = std::string(name(k)),
-               .detail = k == reduce_kind::premul_sum
-                             ? "premul_sum is made per call, with its factor (staging::reduce_op)"
-                             : "NCCL reduces with sum, prod, min, max, avg and premul_sum only"});
-}
-
-// NCCL's result as the dcomm error a user can act on.
-inline errc error_for(ncclResult_t r) {
-  switch (r) {
-    case ncclRemoteError:
-      return errc::peer_lost;
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return errc::invalid_argument;
-    default:
-      return errc::device_error;
-  }
-}
-
-inline std::string describe(ncclResult_t r, ncclComm_t comm) {
-  std::string d = ncclGetErrorString(r);
-  if (comm) {
-    const char* last = ncclGetLastError(comm);
-    if (last && *last) d += " (" + std::string(last) + ")";
-  }
-  return d;
-}
-
-// The GPU a rank uses when options::device is not set: $LOCAL_RANK (what
-// torchrun, dcomm-run and mpirun's OMPI_COMM_WORLD_LOCAL_RANK say), else its
-// rank modulo the GPUs it sees.
-inline int default_device(int rank, int gpus) {
-  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(name); v && *v) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (end && *end == '\0' && n >= 0) return static_cast<int>(n % gpus);
-    }
-  return rank % gpus;
-}
-
-// The wake-up of an operation asleep until the GPU passes its event: a host
-// function CUDA runs on its own thread once the waker stream gets there
-// posts to the executor, which cuts the operation's timer short (if it is
-// still waiting: the waiter is unhooked when it stops).
-struct gpu_wake {
-  asio::any_io_executor executor;
-  asio::steady_timer* waiter = nullptr;  // only touched on executor
-};
-
-inline void CUDART_CB on_gpu_passed(void* p) {
-  auto* holder = static_cast<std::shared_ptr<gpu_wake>*>(p);
-  std::shared_ptr<gpu_wake> d = std::move(*holder);
-  delete holder;
-  // No CUDA call may be made from here; posting to Asio is not one.
-  asio::post(d->executor, [d] {
-    if (d->waiter) d->waiter->cancel();
-  });
-}
-
-// When a waiting operation looks for its completion. Polling the event
-// (options::spin) finishes small operations within a microsecond or two of
-// NCCL's own, but a long operation cannot be polled throughout without
-// busy-waiting a core, and the ways of sleeping are slow to wake: a host
-// function's post to the executor takes 40 to 90 us on an H100, a timer
-// wakes some 50 us late. So an operation whose kind and size class (bit
-// width of its byte count) has been seen sleeps through most of its
-// typical duration and polls only the tail, as Linux's hybrid polling of
-// NVMe does. The typical duration adapts: a finish seen while polling moves
-// it a quarter of the way to the elapsed time, a finish found at once on
-// waking (overslept) cuts it by an eighth.
-class completion_estimate {
- public:
-  using duration = std::chrono::nanoseconds;
-  // Asleep no less than this, or not at all.
-  static constexpr duration min_sleep = std::chrono::microseconds(50);
-
-  // The margin kept before the typical finish: a timer's lateness and the
-  // spread of durations.
-  static duration margin(duration typical) { return std::chrono::microseconds(100) + typical / 32; }
-  // How long to sleep first; zero without a typical duration long enough.
-  duration sleep_for(const char* operation, std::size_t bytes) const {
-    const duration t = find(operation, bytes);
-    const duration d = t - margin(t);
-    return d >= min_sleep ? d : duration::zero();
-  }
-  // How long to poll (after the sleep, if any) before falling back to the
-  // host function's wake-up: `spin`, and for operations typically longer
-  // than that, until well past their typical finish.
-  duration poll_for(const char* operation, std::size_t bytes, duration spin) const {
-    const duration t = find(operation, bytes);
-    return t > spin ? spin + 2 * margin(t) : spin;
-  }
-  void finished(const char* operation, std::size_t bytes, duration elapsed) {
-    duration& t = slot(operation, bytes);
-    t = t == duration::zero() ? elapsed : t + (elapsed - t) / 4;
-  }
-  void overslept(const char* operation, std::size_t bytes) {
-    duration& t = slot(operation, bytes);
-    t -= t / 8;
-  }
-  duration typical(const char* operation, std::size_t bytes) const {
-    return find(operation, bytes);
-  }
-
- private:
-  using classes = std::array<duration, 65>;  // by std::bit_width of the byte count
-  duration find(const char* operation, std::size_t bytes) const {
-    for (auto& [name, c] : kinds_)
-      if (name == operation || std::strcmp(name, operation) == 0)
-        return c[static_cast<std::size_t>(std::bit_width(bytes))];
-    return duration::zero();
-  }
-  duration& slot(const char* operation, std::size_t bytes) {
-    auto it = std::find_if(kinds_.begin(), kinds_.end(), [&](auto& k) {
-      return k.first == operation || std::strcmp(k.first, operation) == 0;
-    });
-    if (it == kinds_.end()) it = kinds_.insert(kinds_.end(), {operation, classes{}});
-    return it->second[static_cast<std::size_t>(std::bit_width(bytes))];
-  }
-  std::vector<std::pair<const char*, classes>> kinds_;  // operation names are literals
-};
-
-// Device copies of the host buffers that the front end's own calls carry
-// (split's colours, the object collectives, the _v collectives' counts and
-// host outputs), through pinned blocks, and device scratch, all in the
-// operation's stream order: copies in before the NCCL calls, copies out
-// after them (finish()), into host memory once the GPU is done (copy_back()).
-class staging {
- public:
-  staging(pinned_blocks& pool, cudaStream_t stream, bool host_allowed)
-      : pool_(pool), stream_(stream), host_allowed_(host_allowed) {}
-  staging(const staging&) = delete;
-  staging& operator=(const staging&) = delete;
-  ~staging() {
-    for (void* p : device_) (void)cudaFreeAsync(p, stream_);  // after the work, in stream order
-    for (auto& b : pinned_) pool_.give(b);
-    // NCCL keeps an operator alive for the calls already given it.
-    for (auto& [op, comm] : made_ops_) (void)ncclRedOpDestroy(op, comm);
-  }
-  // NCCL's operator for r; premul_sum's is made for this call, with the
-  // factor converted to the element type, as NCCL wants it.
-  ncclRedOp_t reduce_op(const reducer& r, ncclComm_t comm) {
-    if (r.kind != reduce_kind::premul_sum) return nccl::reduce_op(r.kind);
-    ncclRedOp_t op{};
-    ncclResult_t made = ncclInvalidArgument;
-    visit_dtype(r.type, [&]<class T>(std::type_identity<T>) {
-      if constexpr (dcomm::detail::is_floating_element<T>) {
-        T scalar{};
-        if constexpr (dcomm::detail::is_half<T>)
-          scalar = T(static_cast<float>(r.factor()));
-        else
-          scalar = static_cast<T>(r.factor());
-        made = ncclRedOpCreatePreMulSum(&op, &scalar, data_type(r.type), ncclScalarHostImmediate,
-                                        comm);
-      }
-    });
-    if (made != ncclSuccess)
-      throw_error(error_for(made),
-                  {.operation = "ncclRedOpCreatePreMulSum", .detail = describe(made, comm)});
-    made_ops_.emplace_back(op, comm);
-    return op;
-  }
-  // A device pointer with v's contents.
-  const void* in(const const_tensor_view& v) {
-    if (v.device.type == device::kind::cuda || v.bytes() == 0) return v.data;
-    auto pinned = host_block(v.bytes());
-    std::memcpy(pinned.data, v.data, v.bytes());
-    void* d = allocate(v.bytes());
-    cuda::check(cudaMemcpyAsync(d, pinned.data, v.bytes(), cudaMemcpyHostToDevice, stream_),
-                "cudaMemcpyAsync host to device (staging)");
-    return d;
-  }
-  // A device pointer whose contents end up in v; `initial`: v's contents
-  // first (in-place operations).
-  void* out(const tensor_view& v, bool initial = false) {
-    if (v.device.type == device::kind::cuda || v.bytes() == 0) return v.data;
-    void* d = initial ? const_cast<void*>(in(v)) : allocate(v.bytes());
-    back_.push_back({d, host_block(v.bytes()).data, v.data, v.bytes()});
-    return d;
-  }
-  // Device memory of `bytes` until the operation's work is done.
-  void* allocate(std::size_t bytes) {
-    void* d = nullptr;
-    cuda::check(cudaMallocAsync(&d, bytes, stream_),
-                "cudaMallocAsync of " + std::to_string(bytes) + " bytes");
-    device_.push_back(d);
-    return d;
-  }
-  // After the NCCL calls: the results to the pinned blocks.
-  void finish() {
-    for (auto& b : back_)
-      cuda::check(cudaMemcpyAsync(b.pinned, b.device, b.bytes, cudaMemcpyDeviceToHost, stream_),
-                  "cudaMemcpyAsync device to host (staging)");
-  }
-  // Once the GPU is done: into the caller's host memory.
-  void copy_back() {
-    for (auto& b : back_) std::memcpy(b.host, b.pinned, b.bytes);
-    back_.clear();
-  }
-
- private:
-  pinned_blocks::block host_block(std::size_t bytes) {
-    if (!host_allowed_)
-      throw_error(errc::invalid_argument,
-                  {.operation = "nccl_backend",
-                   .detail = "host memory in a stream-ordered operation (op_options::stream)"});
-    auto b = pool_.take(bytes);
-    pinned_.push_back(b);
-    return b;
-  }
-  struct copy {
-    void* device;
-    void* pinned;
-    void* host;
-    std::size_t bytes;
-  };
-  pinned_blocks& pool_;
-  cudaStream_t stream_;
-  bool host_allowed_;
-  std::vector<void*> device_;
-  std::vector<pinned_blocks::block> pinned_;
-  std::vector<copy> back_;
-  std::vector<std::pair<ncclRedOp_t, ncclComm_t>> made_ops_;
-};
-
-}  // namespace detail::nccl
 
 class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
  public:
@@ -378,7 +106,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       throw_error(errc::device_error, {.operation = "nccl_backend",
                                        .rank = rank,
                                        .detail = "no CUDA device is visible to this process"});
-    const int dev = o.device >= 0 ? o.device : detail::nccl::default_device(rank, gpus);
+    const int dev = o.device >= 0 ? o.device : nccl::default_device(rank, gpus);
     if (dev >= gpus)
       throw_error(errc::invalid_argument, {.operation = "nccl_backend",
                                            .rank = rank,
@@ -483,7 +211,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
            .expected = "a CUDA tensor on device " + std::to_string(device_),
            .seen = "a CUDA tensor on device " + std::to_string(v.device.index),
            .detail = "this rank's NCCL communicator runs on device " + std::to_string(device_)});
-    static_cast<void>(detail::nccl::data_type(v.type));
+    static_cast<void>(nccl::data_type(v.type));
   }
 
   // ncclCommSplit of the parent's communicator, issued in the parent's
@@ -503,17 +231,17 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // --- point to point: matched in order per pair of ranks ---
   detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
     check_tag(ctx, "send");
-    co_await run(ctx, "send", in.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+    co_await run(ctx, "send", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
       if (in.count == 0) return ncclSuccess;
-      return ncclSend(st.in(in), in.count, detail::nccl::data_type(in.type), peer, g.comm, s);
+      return ncclSend(st.in(in), in.count, nccl::data_type(in.type), peer, g.comm, s);
     });
   }
   detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     check_tag(ctx, "recv");
     co_await run(ctx, "recv", out.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    if (out.count == 0) return ncclSuccess;
-                   return ncclRecv(st.out(out), out.count, detail::nccl::data_type(out.type), peer,
+                   return ncclRecv(st.out(out), out.count, nccl::data_type(out.type), peer,
                                    g.comm, s);
                  });
   }
@@ -521,55 +249,55 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // --- collectives ---
   detail::task<void> barrier(op_context ctx) {
     co_await run(ctx, "barrier", sizeof(float),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging&) {
+                 [&](group& g, cudaStream_t s, nccl::staging&) {
                    return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
                  });
   }
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
     co_await run(
-        ctx, "broadcast", buf.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+        ctx, "broadcast", buf.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
           if (buf.count == 0) return ncclSuccess;
           void* d = st.out(buf, g.rank == root);
-          return ncclBroadcast(d, d, buf.count, detail::nccl::data_type(buf.type), root, g.comm, s);
+          return ncclBroadcast(d, d, buf.count, nccl::data_type(buf.type), root, g.comm, s);
         });
   }
   detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
                             int root) {
     co_await run(ctx, "reduce", in.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    if (in.count == 0) return ncclSuccess;
                    const void* src = st.in(in);
                    void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
-                   return ncclReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                   return ncclReduce(src, dst, in.count, nccl::data_type(in.type),
                                      st.reduce_op(r, g.comm), root, g.comm, s);
                  });
   }
   detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
     co_await run(ctx, "all_reduce", in.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    if (in.count == 0) return ncclSuccess;
                    const bool in_place = in.data == out.data;
                    void* dst = st.out(out, in_place);
                    const void* src = in_place ? dst : st.in(in);
-                   return ncclAllReduce(src, dst, in.count, detail::nccl::data_type(in.type),
+                   return ncclAllReduce(src, dst, in.count, nccl::data_type(in.type),
                                         st.reduce_op(r, g.comm), g.comm, s);
                  });
   }
   detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
     co_await run(ctx, "all_gather", out.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    if (in.count == 0) return ncclSuccess;
                    return ncclAllGather(st.in(in), st.out(out), in.count,
-                                        detail::nccl::data_type(in.type), g.comm, s);
+                                        nccl::data_type(in.type), g.comm, s);
                  });
   }
   detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
                                     reducer r) {
     co_await run(ctx, "reduce_scatter", in.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    if (out.count == 0) return ncclSuccess;
                    return ncclReduceScatter(st.in(in), st.out(out), out.count,
-                                            detail::nccl::data_type(out.type),
+                                            nccl::data_type(out.type),
                                             st.reduce_op(r, g.comm), g.comm, s);
                  });
   }
@@ -578,7 +306,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // all-to-all of its own.
   detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     co_await run(ctx, "scatter", std::max(in.bytes(), out.bytes()),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    const std::size_t block = out.bytes();
                    void* dst = st.out(out);
                    if (g.rank != root) return grouped(g, s, {}, {{root, dst, block}});
@@ -593,7 +321,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
   detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
     co_await run(ctx, "gather", std::max(in.bytes(), out.bytes()),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    const std::size_t block = in.bytes();
                    const void* src = st.in(in);
                    if (g.rank != root)
@@ -608,7 +336,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
   detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
     co_await run(
-        ctx, "all_to_all", out.bytes(), [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+        ctx, "all_to_all", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
           const std::size_t block = out.bytes() / unsigned(g.size);
           char* dst = static_cast<char*>(st.out(out, in.data == out.data));
           const char* src = static_cast<const char*>(st.in(in));
@@ -639,7 +367,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     tensor_view out = alloc(counts);
     const std::size_t element = size_of(in.type);
     co_await run(ctx, "all_gather_v", out.bytes(),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    const void* src = st.in(in);
                    char* dst = static_cast<char*>(st.out(out));
                    std::vector<transfer> sends, recvs;
@@ -669,7 +397,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     tensor_view out = alloc(counts);
     const std::size_t element = size_of(in.type);
     co_await run(ctx, "all_to_all_v", std::max(in.bytes(), out.bytes()),
-                 [&](group& g, cudaStream_t s, detail::nccl::staging& st) {
+                 [&](group& g, cudaStream_t s, nccl::staging& st) {
                    const char* src = static_cast<const char*>(st.in(in));
                    char* dst = static_cast<char*>(st.out(out));
                    std::vector<transfer> sends, recvs;
@@ -712,7 +440,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     // The turnstile that issues this communicator's calls in start order.
     std::uint64_t next_ticket = 0;
     std::uint64_t serving = 0;
-    detail::nccl::completion_estimate estimate;  // of the awaited form's waits
+    nccl::completion_estimate estimate;  // of the awaited form's waits
   };
 
   // A byte range to or from a group rank.
@@ -764,8 +492,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   }
 
   [[noreturn]] void fail(ncclResult_t r, const std::string& what, ncclComm_t comm) const {
-    throw_error(detail::nccl::error_for(r),
-                {.operation = what, .rank = rank_, .detail = detail::nccl::describe(r, comm)});
+    throw_error(nccl::error_for(r),
+                {.operation = what, .rank = rank_, .detail = nccl::describe(r, comm)});
   }
   void nccl_check(ncclResult_t r, const std::string& what, ncclComm_t comm) const {
     if (r != ncclSuccess) fail(r, what, comm);
@@ -861,10 +589,10 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     ncclResult_t state = ncclSuccess;
     nccl_check(ncclCommGetAsyncError(g.comm, &state), "ncclCommGetAsyncError", g.comm);
     if (state == ncclSuccess || state == ncclInProgress) return state;
-    auto e = make_error(detail::nccl::error_for(state),
+    auto e = make_error(nccl::error_for(state),
                         {.operation = operation,
                          .rank = rank_,
-                         .detail = g.name + ": " + detail::nccl::describe(state, g.comm)});
+                         .detail = g.name + ": " + nccl::describe(state, g.comm)});
     abort_all(e);
     std::rethrow_exception(e);
   }
@@ -891,7 +619,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     group& g = find_group(ctx, operation);
     const std::uint64_t ticket = g.next_ticket++;
     cudaStream_t s = ctx.stream ? ctx.stream : g.stream;
-    detail::nccl::staging st(pinned_, s, !ctx.stream);
+    nccl::staging st(pinned_, s, !ctx.stream);
     co_await take_turn(g, ticket, ctx, operation);
     pooled_event ev(*this);
     {
@@ -954,12 +682,6 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     else
       events_.push_back(e);
   }
-  static bool passed(cudaEvent_t e) {
-    const cudaError_t r = cudaEventQuery(e);
-    if (r == cudaErrorNotReady) return false;
-    cuda::check(r, "cudaEventQuery");
-    return true;
-  }
 
   // Until the GPU has passed `ev`: asleep through most of the typical
   // duration of such an operation (completion_estimate), polled for the
@@ -977,7 +699,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
           co_await nap(until);
           check_alive();
         }
-        if (passed(ev)) {
+        if (nccl::passed(ev)) {
           g.estimate.overslept(operation, bytes);
           co_return;
         }
@@ -985,7 +707,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       poll = g.estimate.poll_for(operation, bytes, o_.spin);
     }
     for (const auto poll_until = detail::clock::now() + poll;;) {
-      if (passed(ev)) {
+      if (nccl::passed(ev)) {
         if (o_.spin > detail::clock::duration::zero())
           g.estimate.finished(operation, bytes, detail::clock::now() - start);
         co_return;
@@ -994,22 +716,16 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
     }
     check_alive();  // the waker stream exists until the backend is released
     asio::steady_timer timer(ex_);
-    auto wake = std::make_shared<detail::nccl::gpu_wake>();
+    auto wake = std::make_shared<nccl::gpu_wake>();
     wake->executor = ex_;
     wake->waiter = &timer;
     struct unhook {
-      detail::nccl::gpu_wake& d;
+      nccl::gpu_wake& d;
       ~unhook() { d.waiter = nullptr; }
     } guard{*wake};
     {
       cuda::device_guard on(device_);
-      cuda::check(cudaStreamWaitEvent(g.waker, ev, 0), "cudaStreamWaitEvent");
-      auto* holder = new std::shared_ptr<detail::nccl::gpu_wake>(wake);
-      if (auto e = cudaLaunchHostFunc(g.waker, &detail::nccl::on_gpu_passed, holder);
-          e != cudaSuccess) {
-        delete holder;
-        cuda::check(e, "cudaLaunchHostFunc");
-      }
+      nccl::wake_when_passed(g.waker, ev, wake);
     }
     co_await sleep_until_passed(ev, g, ctx, operation, timer);
     // Late by the wake-up: overslept() brings the estimate back.
@@ -1025,7 +741,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
       asio::steady_timer& t;
       ~unhook() { std::erase(b.sleepers_, &t); }
     } guard{*this, timer};
-    while (!passed(ev)) {
+    while (!nccl::passed(ev)) {
       check_alive();
       if (g.comm) async_state(g, operation);
       const auto now = detail::clock::now();
