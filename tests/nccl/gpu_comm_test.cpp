@@ -157,7 +157,7 @@ TEST_SUITE("nccl") {
   TEST_CASE("every dcomm dtype maps to the NCCL type of its size and kind") {
     DCOMM_TEST_DEADLINE(120s);
     using dcomm::dtype;
-    namespace n = dcomm::detail::nccl;
+    namespace n = dcomm::nccl;
     CHECK(n::data_type(dtype::int8) == ncclInt8);
     CHECK(n::data_type(dtype::uint8) == ncclUint8);
     CHECK(n::data_type(dtype::int32) == ncclInt32);
@@ -172,7 +172,7 @@ TEST_SUITE("nccl") {
   TEST_CASE("reduce ops map to NCCL's; the others are refused with a reason") {
     DCOMM_TEST_DEADLINE(120s);
     using dcomm::reduce_kind;
-    namespace n = dcomm::detail::nccl;
+    namespace n = dcomm::nccl;
     CHECK(n::reduce_op(reduce_kind::sum) == ncclSum);
     CHECK(n::reduce_op(reduce_kind::prod) == ncclProd);
     CHECK(n::reduce_op(reduce_kind::min) == ncclMin);
@@ -191,7 +191,7 @@ TEST_SUITE("nccl") {
 
   TEST_CASE("NCCL's errors become the dcomm errors a user acts on") {
     DCOMM_TEST_DEADLINE(120s);
-    namespace n = dcomm::detail::nccl;
+    namespace n = dcomm::nccl;
     CHECK(n::error_for(ncclRemoteError) == dcomm::errc::peer_lost);
     CHECK(n::error_for(ncclInvalidArgument) == dcomm::errc::invalid_argument);
     CHECK(n::error_for(ncclInvalidUsage) == dcomm::errc::invalid_argument);
@@ -200,50 +200,9 @@ TEST_SUITE("nccl") {
     CHECK(contains(n::describe(ncclInvalidArgument, nullptr), "invalid argument"));
   }
 
-  TEST_CASE("completion_estimate: sleep through long operations, poll the tail, adapt") {
-    DCOMM_TEST_DEADLINE(120s);
-    using e = dcomm::detail::nccl::completion_estimate;
-    using us = std::chrono::microseconds;
-    const us spin(50);
-    e est;
-    // Nothing seen: no sleep, poll for the spin only.
-    CHECK(est.sleep_for("all_reduce", 1 << 20) == e::duration::zero());
-    CHECK(est.poll_for("all_reduce", 1 << 20, spin) == spin);
-    // Short operations never sleep and poll for the spin only.
-    est.finished("all_reduce", 8, us(12));
-    CHECK(est.typical("all_reduce", 8) == us(12));
-    CHECK(est.sleep_for("all_reduce", 8) == e::duration::zero());
-    CHECK(est.poll_for("all_reduce", 8, spin) == spin);
-    // A 1 ms operation: asleep until its margin (100 us + 1/32) before the
-    // finish, then polled well past it.
-    est.finished("all_reduce", 1 << 20, us(1000));
-    CHECK(est.sleep_for("all_reduce", 1 << 20) ==
-          e::duration(us(1000) - us(100)) - e::duration(us(1000)) / 32);
-    CHECK(est.poll_for("all_reduce", 1 << 20, spin) ==
-          spin + 2 * (us(100) + e::duration(us(1000)) / 32));
-    // Same size class (bit width), another kind or class: separate.
-    CHECK(est.typical("all_reduce", (1 << 20) + 12345) == us(1000));
-    CHECK(est.typical("broadcast", 1 << 20) == e::duration::zero());
-    CHECK(est.typical("all_reduce", 1 << 21) == e::duration::zero());
-    // A finish moves it a quarter of the way; oversleeping cuts an eighth.
-    est.finished("all_reduce", 1 << 20, us(2000));
-    CHECK(est.typical("all_reduce", 1 << 20) == us(1250));
-    est.overslept("all_reduce", 1 << 20);
-    CHECK(est.typical("all_reduce", 1 << 20) == e::duration(us(1250)) - e::duration(us(1250)) / 8);
-    // Names are compared by content, not by address.
-    std::string name = "all_reduce";
-    CHECK(est.typical(name.c_str(), 8) == us(12));
-    // A 100 us operation: too short to sleep for (the margin), polled to its end.
-    est.finished("reduce", 4096, us(100));
-    CHECK(est.sleep_for("reduce", 4096) == e::duration::zero());
-    CHECK(est.poll_for("reduce", 4096, spin) > us(100));
-    // Without a spin: poll_for still gives the tail of long operations.
-    CHECK(est.poll_for("reduce", 4096, us(0)) > us(100));
-  }
-
   TEST_CASE("the default GPU: $LOCAL_RANK when set, else the rank, modulo the GPUs") {
     DCOMM_TEST_DEADLINE(120s);
-    namespace n = dcomm::detail::nccl;
+    namespace n = dcomm::nccl;
     const char* saved = std::getenv("LOCAL_RANK");
     std::string keep = saved ? saved : "";
     ::unsetenv("LOCAL_RANK");
