@@ -27,6 +27,8 @@ FLOORS = [
     (1, 'dcomm/completion.hpp'), (1, 'dcomm/backend.hpp'), (1, 'dcomm/cuda.hpp'),
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
+    # A backend's member bodies (Asio's impl/ style) are on the backend's floor.
+    (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'),
     (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'),
     (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
