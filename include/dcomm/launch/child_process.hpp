@@ -2,6 +2,7 @@
 // life, its stop signals restored), reaped, and how it ended, in words.
 #pragma once
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -28,17 +29,31 @@ inline void die_with_parent(pid_t parent) noexcept {
 // Forks a child of `launcher` (the caller's getpid(), taken before the fork).
 // The child dies with the forking thread (die_with_parent), and gets the
 // default action back for `stop_signals`: the launcher's handlers, or an
-// SIG_IGN kept across exec, must not keep it from being stopped. Then it runs
-// body(), which must not return: it execs or exits. If body returns or throws
-// anyway, the child exits with 127 at once, never carrying on as a copy of
-// the launcher (and never running the launcher's atexit handlers).
+// SIG_IGN kept across exec, must not keep it from being stopped. Those
+// signals are blocked across the fork and until the child has reset them, so
+// one sent at once (a rank that fails at start-up gets the others stopped)
+// is not handled by the launcher's handler in the child; it takes effect when
+// the child unblocks them. Then the child runs body(), which must not return:
+// it execs or exits. If body returns or throws anyway, the child exits with
+// 127 at once, never carrying on as a copy of the launcher (and never running
+// the launcher's atexit handlers).
 // Returns the child's pid, or -1 with errno set when fork() failed.
 template <typename Body>
 pid_t fork_child(pid_t launcher, std::initializer_list<int> stop_signals, Body&& body) {
+  sigset_t blocked, before;
+  ::sigemptyset(&blocked);
+  for (int sig : stop_signals) ::sigaddset(&blocked, sig);
+  ::pthread_sigmask(SIG_BLOCK, &blocked, &before);
   const pid_t pid = ::fork();
-  if (pid != 0) return pid;
+  if (pid != 0) {
+    const int err = errno;
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    errno = err;
+    return pid;
+  }
   die_with_parent(launcher);
   for (int sig : stop_signals) ::signal(sig, SIG_DFL);
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   try {
     body();
   } catch (...) {
