@@ -222,9 +222,8 @@ class job {
  public:
   explicit job(const options& o)
       : o_(o),
-        ranks_(static_cast<std::size_t>(o.nproc),
-               std::chrono::duration_cast<clock_type::duration>(
-                   std::chrono::duration<double>(o.grace))),
+        ranks_(static_cast<std::size_t>(o.nproc), std::chrono::duration_cast<clock_type::duration>(
+                                                      std::chrono::duration<double>(o.grace))),
         outputs_(static_cast<std::size_t>(o.nproc)) {}
 
   // Forks and execs the ranks. False, having said why and killed the ranks
@@ -283,18 +282,17 @@ class job {
           std::perror("dcomm-run: pipe");
           return false;
         }
-    const pid_t pid =
-        dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
-          if (o_.prefix) {
-            ::dup2(pipes[0][1], 1);
-            ::dup2(pipes[1][1], 2);
-          }
-          environment.apply();
-          ::execvp(args[0], args);
-          const int err = errno;
-          write_all(2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
-          ::_exit(127);
-        });
+    const pid_t pid = dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
+      if (o_.prefix) {
+        ::dup2(pipes[0][1], 1);
+        ::dup2(pipes[1][1], 2);
+      }
+      environment.apply();
+      ::execvp(args[0], args);
+      const int err = errno;
+      write_all(2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
+      ::_exit(127);
+    });
     if (pid < 0) {
       std::perror("dcomm-run: fork");
       return false;

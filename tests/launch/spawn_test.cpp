@@ -98,7 +98,6 @@ std::vector<std::string> rank_tokens(int n, dcomm::spawn_options options = {}) {
   return tokens;
 }
 
-
 // Runs `body` in a forked child process, which may lower its own limits
 // freely, and returns what body returned. The child dies with this process
 // (PR_SET_PDEATHSIG), so a test that runs past its deadline leaves nothing.
@@ -297,8 +296,7 @@ TEST_CASE("spawn: a failed fork() is a system error naming the call, and nothing
     return;
   }
   CHECK(outcome == "system call failed | dcomm: system call failed in spawn: fork: " +
-                       std::string(std::strerror(EAGAIN)) +
-                       " (starting rank 0 of 2)");
+                       std::string(std::strerror(EAGAIN)) + " (starting rank 0 of 2)");
 }
 
 TEST_CASE("spawn: a rank stopped right after its fork never runs the parent's SIGTERM handler") {
@@ -320,13 +318,12 @@ TEST_CASE("spawn: a rank stopped right after its fork never runs the parent's SI
     sigemptyset(&action.sa_mask);
     ::sigaction(SIGTERM, &action, nullptr);
     for (int round = 0; round < 20; ++round) {
-      auto what = spawn_error(
-          6,
-          [](int rank, int) {
-            if (rank == 0) std::_Exit(3);
-            for (;;) ::pause();
-          },
-          {.auth = false});
+      auto what = spawn_error(6,
+                              [](int rank, int) {
+                                if (rank == 0) std::_Exit(3);
+                                for (;;) ::pause();
+                              },
+                              {.auth = false});
       if (!contains(what, "(rank 0): exit status 3")) return what;
     }
     char marks[512];

@@ -63,7 +63,7 @@ pid_t fork_child(pid_t launcher, std::initializer_list<int> stop_signals, Body&&
 
 // A forked child as its launcher tracks it.
 struct child_process {
-  pid_t pid = -1;   // -1: not started
+  pid_t pid = -1;     // -1: not started
   bool done = false;  // reaped
   int status = 0;     // waitpid's status, once done
 

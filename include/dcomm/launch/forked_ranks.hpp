@@ -167,13 +167,13 @@ class forked_ranks {
     children_.stop_and_reap();
     const int status = children_[static_cast<std::size_t>(rank)].status;
     std::string message = read_message(message_fds_[static_cast<std::size_t>(rank)]);
-    throw_error(errc::rank_failed,
-                {.operation = "spawn",
-                 .rank = rank,
-                 .detail = describe_status(status) +
-                           (message.empty() ? std::string() : "; its error: " + message) +
-                           "; the other " + std::to_string(world_size_ - 1) +
-                           " rank(s) were stopped"});
+    throw_error(
+        errc::rank_failed,
+        {.operation = "spawn",
+         .rank = rank,
+         .detail = describe_status(status) +
+                   (message.empty() ? std::string() : "; its error: " + message) + "; the other " +
+                   std::to_string(world_size_ - 1) + " rank(s) were stopped"});
   }
 
   [[noreturn]] void fail_timeout() {

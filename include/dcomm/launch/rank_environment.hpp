@@ -13,12 +13,12 @@
 namespace dcomm::launch {
 
 struct rank_environment {
-  std::string master_addr;  // MASTER_ADDR
-  int master_port = 0;      // MASTER_PORT
-  int rank = 0;             // RANK
-  int world_size = 1;       // WORLD_SIZE
-  int local_rank = 0;       // LOCAL_RANK: among the ranks of this host
-  int local_world_size = 1; // LOCAL_WORLD_SIZE
+  std::string master_addr;   // MASTER_ADDR
+  int master_port = 0;       // MASTER_PORT
+  int rank = 0;              // RANK
+  int world_size = 1;        // WORLD_SIZE
+  int local_rank = 0;        // LOCAL_RANK: among the ranks of this host
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE
   // GROUP_RANK: the node, under dcomm-run. std::nullopt: left as inherited.
   std::optional<int> group_rank{};
   // DCOMM_JOB_TOKEN (see job_token.hpp). std::nullopt: removed, so a token in
@@ -32,9 +32,7 @@ struct rank_environment {
   // Sets the variables in this process: in the child, after fork and before
   // running or exec'ing the rank.
   void apply() const {
-    auto set = [](const char* name, const std::string& value) {
-      ::setenv(name, value.c_str(), 1);
-    };
+    auto set = [](const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); };
     set("MASTER_ADDR", master_addr);
     set("MASTER_PORT", std::to_string(master_port));
     set("RANK", std::to_string(rank));
