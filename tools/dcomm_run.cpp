@@ -34,7 +34,12 @@
 #include <thread>
 #include <vector>
 
-#include "dcomm/spawn.hpp"
+#include "dcomm/detail/hmac.hpp"
+#include "dcomm/launch/child_group.hpp"
+#include "dcomm/launch/child_process.hpp"
+#include "dcomm/launch/job_token.hpp"
+#include "dcomm/launch/master_socket.hpp"
+#include "dcomm/launch/rank_environment.hpp"
 
 namespace {
 
@@ -138,11 +143,10 @@ struct stream {
   std::string partial;
 };
 
-struct rank_process {
+// What dcomm-run keeps of a rank besides its process: the global rank for
+// the prefix, and its stdout and stderr (fd -1: not piped, or closed).
+struct rank_output {
   int rank = 0;
-  pid_t pid = -1;
-  bool done = false;
-  int status = 0;
   stream streams[2];
 };
 
@@ -188,207 +192,227 @@ int exit_code_of(int status) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
-  const int world = o.nnodes * o.nproc;
-  // Only a single node can make the token up: the launchers of other nodes
-  // have no safe way to learn it, so a multi-node job brings its own.
-  std::optional<std::string> token;
-  try {
-    token = dcomm::detail::job_token_for_ranks(o.auth, o.nnodes == 1);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dcomm-run: %s\n", e.what());
-    return 1;
-  }
+// The DCOMM_JOB_TOKEN for the ranks. Only a single node can make one up: the
+// launchers of other nodes have no safe way to learn it, so a multi-node job
+// brings its own (and is told when it has none).
+std::optional<std::string> job_token_for(const options& o) {
+  std::optional<std::string> token = dcomm::launch::job_token_for_ranks(o.auth, o.nnodes == 1);
   if (o.auth && !token && o.nnodes > 1 && dcomm::detail::have_crypto())
     std::fprintf(stderr,
                  "dcomm-run: note: DCOMM_JOB_TOKEN is not set, so this multi-node job is not "
                  "authenticated; set the same token on every node (or pass --no-auth to run it "
                  "open without this note)\n");
-  int listen_fd = -1;
-  int port = o.master_port;
-  if (port == 0) {
-    try {
-      auto [fd, p] = dcomm::detail::listen_on_free_port(o.master_addr);
-      listen_fd = fd;
-      port = p;
-      ::fcntl(listen_fd, F_SETFD, FD_CLOEXEC);  // rank 0 alone inherits it
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "dcomm-run: %s\n", e.what());
-      return 2;
-    }
-  }
+  return token;
+}
 
+// SIGINT and SIGTERM are only noted here (received_signal); the job's loop
+// passes them on. SIGPIPE is ignored: a closed stdout must not kill the
+// launcher while its ranks run (they get the default back, fork_child).
+void pass_signals_to_ranks() {
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+}
 
-  std::vector<char*> args;
-  for (const auto& a : o.command) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+// This node's share of the job: its ranks, their output, and how it ends.
+class job {
+ public:
+  explicit job(const options& o)
+      : o_(o),
+        ranks_(static_cast<std::size_t>(o.nproc), std::chrono::duration_cast<clock_type::duration>(
+                                                      std::chrono::duration<double>(o.grace))),
+        outputs_(static_cast<std::size_t>(o.nproc)) {}
 
-  std::fflush(nullptr);
-  const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
-  std::vector<rank_process> ranks(static_cast<std::size_t>(o.nproc));
-  for (int local = 0; local < o.nproc; ++local) {
-    auto& r = ranks[static_cast<std::size_t>(local)];
-    r.rank = o.node_rank * o.nproc + local;
+  // Forks and execs the ranks. False, having said why and killed the ranks
+  // already started, when pipe() or fork() fails.
+  bool start(const std::optional<std::string>& token, const dcomm::launch::master_socket& socket) {
+    std::vector<char*> args;
+    for (const auto& a : o_.command) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::fflush(nullptr);
+    const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
+    for (int local = 0; local < o_.nproc; ++local) {
+      const dcomm::launch::rank_environment environment{
+          .master_addr = o_.master_addr,
+          .master_port = socket.fd >= 0 ? socket.port : o_.master_port,
+          .rank = o_.node_rank * o_.nproc + local,
+          .world_size = o_.nnodes * o_.nproc,
+          .local_rank = local,
+          .local_world_size = o_.nproc,
+          .group_rank = o_.node_rank,
+          .job_token = token,
+          .listen_fd = socket.fd};
+      if (!start_rank(local, environment, args.data(), launcher)) {
+        ranks_.signal(SIGKILL);
+        return false;
+      }
+    }
+    if (socket.fd >= 0) ::close(socket.fd);
+    return true;
+  }
+
+  // Until every rank has ended and its output is forwarded; returns
+  // dcomm-run's exit status.
+  int run() {
+    const auto started = clock_type::now();
+    // Output first, so what a rank printed before failing comes out first.
+    while (forward_output()) {
+      reap_ranks();
+      if (received_signal && !ranks_.stopping()) pass_on_signal();
+      if (o_.timeout > 0 && !ranks_.stopping() &&
+          clock_type::now() - started > std::chrono::duration<double>(o_.timeout))
+        stop_at_timeout();
+      ranks_.kill_overdue();
+    }
+    return exit_code_;
+  }
+
+ private:
+  bool start_rank(int local, const dcomm::launch::rank_environment& environment, char** args,
+                  pid_t launcher) {
+    auto& output = outputs_[static_cast<std::size_t>(local)];
+    output.rank = environment.rank;
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
-    if (o.prefix)
+    if (o_.prefix)
       for (auto& p : pipes)
         if (::pipe2(p, O_CLOEXEC) != 0) {
           std::perror("dcomm-run: pipe");
-          return 1;
+          return false;
         }
-    r.pid = ::fork();
-    if (r.pid < 0) {
-      std::perror("dcomm-run: fork");
-      for (auto& other : ranks)
-        if (other.pid > 0) ::kill(other.pid, SIGKILL);
-      return 1;
-    }
-    if (r.pid == 0) {
-      dcomm::detail::die_with_parent(launcher);  // no rank outlives a killed launcher
-      ::signal(SIGINT, SIG_DFL);
-      ::signal(SIGTERM, SIG_DFL);
-      ::signal(SIGPIPE, SIG_DFL);
-      if (o.prefix) {
+    const pid_t pid = dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
+      if (o_.prefix) {
         ::dup2(pipes[0][1], 1);
         ::dup2(pipes[1][1], 2);
       }
-      auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(r.rank));
-      set("WORLD_SIZE", std::to_string(world));
-      set("LOCAL_RANK", std::to_string(local));
-      set("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
-      set("GROUP_RANK", std::to_string(o.node_rank));
-      set("MASTER_ADDR", o.master_addr);
-      set("MASTER_PORT", std::to_string(port));
-      if (token)
-        set("DCOMM_JOB_TOKEN", *token);
-      else
-        ::unsetenv("DCOMM_JOB_TOKEN");
-      if (r.rank == 0 && listen_fd >= 0) {
-        ::fcntl(listen_fd, F_SETFD, 0);
-        set("DCOMM_MASTER_LISTEN_FD", std::to_string(listen_fd));
-      } else {
-        ::unsetenv("DCOMM_MASTER_LISTEN_FD");
-      }
-      ::execvp(args[0], args.data());
-      std::string why =
-          "dcomm-run: cannot run " + o.command[0] + ": " + std::strerror(errno) + "\n";
-      write_all(2, why);
+      environment.apply();
+      ::execvp(args[0], args);
+      const int err = errno;
+      write_all(2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
       ::_exit(127);
+    });
+    if (pid < 0) {
+      std::perror("dcomm-run: fork");
+      return false;
     }
-    if (o.prefix) {
+    ranks_[static_cast<std::size_t>(local)].pid = pid;
+    if (o_.prefix) {
       for (int s = 0; s < 2; ++s) {
         ::close(pipes[s][1]);
-        r.streams[s].fd = pipes[s][0];
-        r.streams[s].out = s + 1;
-        ::fcntl(r.streams[s].fd, F_SETFL, O_NONBLOCK);
+        output.streams[s].fd = pipes[s][0];
+        output.streams[s].out = s + 1;
+        ::fcntl(output.streams[s].fd, F_SETFL, O_NONBLOCK);
       }
     }
+    return true;
   }
-  if (listen_fd >= 0) ::close(listen_fd);
 
-  const auto started = clock_type::now();
-  std::optional<clock_type::time_point> kill_at;  // set once stopping
-  std::optional<clock_type::time_point> drain_until;
-  int exit_code = 0;
-  bool failed = false;
-  auto alive = [&] {
-    int n = 0;
-    for (auto& r : ranks) n += !r.done;
-    return n;
-  };
-  auto stop_others = [&](int sig) {
-    for (auto& r : ranks)
-      if (!r.done) ::kill(r.pid, sig);
-    if (!kill_at)
-      kill_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                        std::chrono::duration<double>(o.grace));
-  };
-
-  for (;;) {
-    // Output first, so what a rank printed before failing comes out first.
+  // Forwards what the ranks wrote, waiting up to 20 ms for it while a rank
+  // runs. False once there is nothing left to wait for: every rank has ended
+  // and its pipes are closed, or a descendant of one keeps a pipe open after
+  // the ranks are gone (drained for a second, not forever).
+  bool forward_output() {
     std::vector<pollfd> fds;
-    std::vector<stream*> owners;
-    for (auto& r : ranks)
-      for (auto& s : r.streams)
+    std::vector<std::pair<stream*, int>> owners;  // stream, rank
+    for (auto& output : outputs_)
+      for (auto& s : output.streams)
         if (s.fd >= 0) {
           fds.push_back({s.fd, POLLIN, 0});
-          owners.push_back(&s);
+          owners.emplace_back(&s, output.rank);
         }
-    const bool running = alive() > 0;
-    if (!running && fds.empty()) break;
-    if (!fds.empty()) {
-      ::poll(fds.data(), fds.size(), running ? 20 : 0);
-      for (std::size_t i = 0; i < fds.size(); ++i) {
-        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        auto* s = owners[i];
-        int rank = 0;
-        for (auto& r : ranks)
-          if (&r.streams[0] == s || &r.streams[1] == s) rank = r.rank;
-        if (!pump(*s, "[" + std::to_string(rank) + "] ")) {
-          ::close(s->fd);
-          s->fd = -1;
-        }
-      }
-      // The ranks are gone but a descendant of one keeps its pipe open:
-      // drain for a moment, not forever.
-      if (!running) {
-        if (!drain_until) drain_until = clock_type::now() + std::chrono::seconds(1);
-        if (clock_type::now() > *drain_until) break;
-      }
-    } else {
+    const bool running = ranks_.running() > 0;
+    if (!running && fds.empty()) return false;
+    if (fds.empty()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return true;
     }
-
-    for (auto& r : ranks) {
-      if (r.done) continue;
-      int status = 0;
-      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.done = true;
-      r.status = status;
-      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && !failed && !received_signal) {
-        failed = true;
-        exit_code = exit_code_of(status);
-        std::string how = WIFEXITED(status)
-                              ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                              : "was killed by " + dcomm::detail::describe_status(status);
-        int others = alive();
-        std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
-                     r.rank, static_cast<int>(r.pid), how.c_str(), others);
-        std::fflush(stderr);
-        stop_others(SIGTERM);
+    ::poll(fds.data(), fds.size(), running ? 20 : 0);
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto* s = owners[i].first;
+      if (!pump(*s, "[" + std::to_string(owners[i].second) + "] ")) {
+        ::close(s->fd);
+        s->fd = -1;
       }
     }
-    if (received_signal && !kill_at) {
-      std::fprintf(stderr, "dcomm-run: got %s; passing it on to %d rank(s)\n",
-                   ::strsignal(received_signal), alive());
-      std::fflush(stderr);
-      exit_code = 128 + received_signal;
-      stop_others(received_signal);
+    if (!running) {
+      if (!drain_until_) drain_until_ = clock_type::now() + std::chrono::seconds(1);
+      if (clock_type::now() > *drain_until_) return false;
     }
-    if (o.timeout > 0 && !kill_at &&
-        clock_type::now() - started > std::chrono::duration<double>(o.timeout)) {
-      std::string still;
-      for (auto& r : ranks)
-        if (!r.done) still += " " + std::to_string(r.rank);
-      std::fprintf(stderr, "dcomm-run: the job ran past --timeout %g s; stopping rank(s)%s\n",
-                   o.timeout, still.c_str());
-      std::fflush(stderr);
-      exit_code = 124;
-      failed = true;
-      stop_others(SIGTERM);
-    }
-    if (kill_at && clock_type::now() > *kill_at) stop_others(SIGKILL);
+    return true;
   }
-  return exit_code;
+
+  // Reaps the ranks that ended. The first failure (unless dcomm-run is
+  // stopping on a signal) is reported and stops the others.
+  void reap_ranks() {
+    ranks_.reap_ended([&](std::size_t local, const dcomm::launch::child_process& r) {
+      const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+      if (ok || failed_ || received_signal) return;
+      failed_ = true;
+      exit_code_ = exit_code_of(r.status);
+      std::string how = WIFEXITED(r.status)
+                            ? "exited with status " + std::to_string(WEXITSTATUS(r.status))
+                            : "was killed by " + dcomm::launch::describe_status(r.status);
+      std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
+                   outputs_[local].rank, static_cast<int>(r.pid), how.c_str(), ranks_.running());
+      std::fflush(stderr);
+      ranks_.stop(SIGTERM);
+    });
+  }
+
+  void pass_on_signal() {
+    std::fprintf(stderr, "dcomm-run: got %s; passing it on to %d rank(s)\n",
+                 ::strsignal(received_signal), ranks_.running());
+    std::fflush(stderr);
+    exit_code_ = 128 + received_signal;
+    ranks_.stop(received_signal);
+  }
+
+  void stop_at_timeout() {
+    std::string still;
+    for (std::size_t local = 0; local < ranks_.size(); ++local)
+      if (ranks_[local].running()) still += " " + std::to_string(outputs_[local].rank);
+    std::fprintf(stderr, "dcomm-run: the job ran past --timeout %g s; stopping rank(s)%s\n",
+                 o_.timeout, still.c_str());
+    std::fflush(stderr);
+    exit_code_ = 124;
+    failed_ = true;
+    ranks_.stop(SIGTERM);
+  }
+
+  const options& o_;
+  dcomm::launch::child_group ranks_;
+  std::vector<rank_output> outputs_;  // by local rank, as ranks_
+  std::optional<clock_type::time_point> drain_until_;
+  int exit_code_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  std::optional<std::string> token;
+  try {
+    token = job_token_for(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dcomm-run: %s\n", e.what());
+    return 1;
+  }
+  dcomm::launch::master_socket socket;  // none when --master-port is given
+  if (o.master_port == 0) {
+    try {
+      socket = dcomm::launch::listen_on_free_port(o.master_addr);
+      ::fcntl(socket.fd, F_SETFD, FD_CLOEXEC);  // rank 0 alone inherits it
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dcomm-run: %s\n", e.what());
+      return 2;
+    }
+  }
+  pass_signals_to_ranks();
+  job j(o);
+  if (!j.start(token, socket)) return 1;
+  return j.run();
 }

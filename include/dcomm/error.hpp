@@ -26,6 +26,8 @@ enum class errc {
   unsupported,       // this build lacks a feature the call needs
   rank_failed,       // a rank's process failed (spawn, launcher)
   device_error,      // a CUDA or NCCL call failed (dcomm/cuda.hpp, dcomm/nccl.hpp)
+  system_error,      // the operating system refused a call (fork, pipe, ...): detail names
+                     // the call and errno's text
 };
 
 }  // namespace dcomm
@@ -67,6 +69,8 @@ class error_category_impl final : public std::error_category {
         return "a rank failed";
       case errc::device_error:
         return "device error";
+      case errc::system_error:
+        return "system call failed";
     }
     return "unknown dcomm error";
   }
