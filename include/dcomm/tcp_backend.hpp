@@ -1,16 +1,18 @@
 // The CPU backend over TCP: a full mesh of authenticated sockets (one per
 // pair of ranks, shared by every group), framed messages matched by group,
 // tag or sequence number, and the collective algorithms in tcp/algorithms/.
-// Use it through communicator<tcp_backend> (communicator.hpp).
+// Use it through communicator<tcp_backend> (communicator.hpp). Its parts
+// are in tcp/: the start (connect.hpp), the choice of algorithm
+// (tuning.hpp), the staging of CUDA tensors (staging.hpp), one call in
+// progress (call.hpp) and the transport under it all (transport.hpp).
 #pragma once
-
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,20 +20,21 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/detail/device_memory.hpp"
+#include "dcomm/store/store.hpp"
 #include "dcomm/tcp/algorithms/all_gather.hpp"
 #include "dcomm/tcp/algorithms/all_reduce.hpp"
 #include "dcomm/tcp/algorithms/all_to_all.hpp"
 #include "dcomm/tcp/algorithms/barrier.hpp"
 #include "dcomm/tcp/algorithms/broadcast.hpp"
-#include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/algorithms/gather.hpp"
-#include "dcomm/tcp/algorithms/scatter.hpp"
 #include "dcomm/tcp/algorithms/reduce.hpp"
 #include "dcomm/tcp/algorithms/reduce_scatter.hpp"
+#include "dcomm/tcp/algorithms/scatter.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/connect.hpp"
+#include "dcomm/tcp/staging.hpp"
 #include "dcomm/tcp/transport.hpp"
 #include "dcomm/tcp/tuning.hpp"
-#include "dcomm/tcp/mesh.hpp"
-#include "dcomm/store/store.hpp"
 
 namespace dcomm {
 
@@ -51,7 +54,11 @@ class tcp_backend {
     // Messages up to this size are sent at once; larger ones wait until
     // the receiver has posted its buffer, and land in it directly.
     std::size_t eager_limit = 64 * 1024;
+    // The pipelining unit of the ring and chain algorithms.
     std::size_t chunk_bytes = 512 * 1024;
+    // Up to these sizes (bytes) an op runs its small algorithm, above them
+    // its large one; tcp/tuning.hpp's table says which op reads which
+    // (reduce reads small_broadcast).
     std::size_t small_all_reduce = 64 * 1024;
     std::size_t small_broadcast = 256 * 1024;
     std::size_t small_all_gather = 64 * 1024;
@@ -86,25 +93,13 @@ class tcp_backend {
                                                               detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
     auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
-    std::string advertise = o.advertise_host;
-    if (advertise.empty())
-      if (const char* v = std::getenv("DCOMM_SOCKET_ADDR"); v && *v) advertise = v;
-    if (advertise.empty() && !o.bind_host.empty() && o.bind_host != "0.0.0.0" &&
-        o.bind_host != "::")
-      advertise = o.bind_host;
-    if (advertise.empty()) advertise = detail::local_address_towards(ex, store_host);
-    if (advertise.empty()) advertise = "127.0.0.1";
-    tcp::mesh_options mesh{.purpose = "tcp_backend",
-                              .job_token = std::move(job_token),
-                              .bind_host = o.bind_host,
-                              .advertise_host = advertise};
-    auto sockets = co_await tcp::connect_mesh(s, rank, world, mesh, deadline);
-    for (auto& socket : sockets)
-      if (socket.is_open()) tune(socket);
-    auto net = std::make_shared<tcp::transport>(
-        ex, rank, world, std::move(sockets),
-        tcp::transport_options{.eager_limit = o.eager_limit});
-    net->start();
+    tcp::mesh_options mesh{
+        .purpose = "tcp_backend",
+        .job_token = std::move(job_token),
+        .bind_host = o.bind_host,
+        .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
+    auto net = co_await tcp::connect_transport(std::move(s), rank, world, std::move(mesh),
+                                               {.eager_limit = o.eager_limit}, deadline);
     co_return std::shared_ptr<tcp_backend>(new tcp_backend(ex, std::move(net), o, overrides));
   }
 
@@ -168,24 +163,23 @@ class tcp_backend {
 
   // --- point to point ---
   detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
-    if (sliced(in)) {
+    if (staging_.sliced(in)) {
       // One message; its data goes as the slices reach the host. It is
       // announced before anything is awaited: a later send with the same
       // tag must not overtake it.
       tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
       tcp::io_item* message = nullptr;
-      co_await sliced_call(
-          c, ctx, slice_plan(in, o_.staging_slice), in.data, nullptr, in.device.index, "send",
+      co_await staging_.sliced_call(
+          c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index, "send",
           [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
-          [&](const slice& s) -> detail::task<void> {
+          [&](const tcp::slice& s) -> detail::task<void> {
             c.ready(*message, s.end);
             co_return;
           });
       co_return;
     }
-    if (detail::on_device(in)) {
-      detail::host_staging st(pinned_);
-      co_await send(ctx, st.in(in), peer);
+    if (tcp::staging::needed(in)) {
+      co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
       co_return;
     }
     tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
@@ -195,24 +189,22 @@ class tcp_backend {
     });
   }
   detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
-    if (sliced(out)) {
+    if (staging_.sliced(out)) {
       // Each slice goes to the device as soon as it has arrived.
       tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
       tcp::io_item* message = nullptr;
-      co_await sliced_call(
-          c, ctx, slice_plan(out, o_.staging_slice), nullptr, out.data, out.device.index, "recv",
+      co_await staging_.sliced_call(
+          c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index, "recv",
           [&](char* host, std::size_t slice_bytes) {
             message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
           },
-          [&](const slice& s) -> detail::task<void> {
+          [&](const tcp::slice& s) -> detail::task<void> {
             co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
           });
       co_return;
     }
-    if (detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      co_await recv(ctx, st.out(out, false), peer);
-      st.copy_back();
+    if (tcp::staging::needed(out)) {
+      co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
       co_return;
     }
     tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
@@ -223,38 +215,37 @@ class tcp_backend {
   }
 
   // --- collectives ---
+  // Each runs a CUDA tensor slice by slice where it can (send, recv,
+  // broadcast, reduce, all_reduce), else staged whole around the host form
+  // of itself (tcp/staging.hpp); the host form chooses its algorithm from
+  // tcp/tuning.hpp's table and runs it from tcp/algorithms/<op>.hpp.
   detail::task<void> barrier(op_context ctx) {
-    tcp::call c(*net_, ctx, true, sig(ctx, tcp::coll_op::barrier),
-                            "barrier");
-    co_await c.run(
-        [&]() -> detail::task<void> { co_await tcp::dissemination_barrier(c); });
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier), "barrier");
+    co_await c.run([&]() -> detail::task<void> { co_await tcp::dissemination_barrier(c); });
   }
 
   detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
-    if (sliced(buf) && ctx.group->size() > 1) {
-      using tcp::coll_op;
-      const slice_plan plan(buf, o_.staging_slice);
-      tcp::call c(
-          *net_, ctx, true,
-          sig(ctx, coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices),
-          "broadcast");
-      const bool is_root = ctx.group->rank == root;
-      co_await sliced_call(c, ctx, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
-                           buf.device.index, "broadcast", no_start,
-                           [&](const slice& s) -> detail::task<void> {
-                             co_await broadcast_on(c, s.host, s.bytes(), root);
-                           });
+    const bool is_root = ctx.group->rank == root;
+    if (staging_.sliced(buf) && ctx.group->size() > 1) {
+      const tcp::slice_plan plan = staging_.plan(buf);
+      tcp::call c(*net_, ctx, true,
+                  sig(ctx, coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices),
+                  "broadcast");
+      co_await staging_.sliced_call(c, ctx.deadline, plan, is_root ? buf.data : nullptr,
+                                    is_root ? nullptr : buf.data, buf.device.index, "broadcast",
+                                    tcp::staging::no_start,
+                                    [&](const tcp::slice& s) -> detail::task<void> {
+                                      co_await broadcast_on(c, s.host, s.bytes(), root);
+                                    });
       co_return;
     }
-    if (detail::on_device(buf)) {
-      detail::host_staging st(pinned_);
-      co_await broadcast(ctx, st.out(buf, ctx.group->rank == root), root);
-      st.copy_back();
+    if (tcp::staging::needed(buf)) {
+      co_await staging_.whole({}, buf, {.initial = is_root},
+                              [&](auto, auto b) { return broadcast(ctx, b, root); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true,
-                            sig(ctx, coll_op::broadcast, buf.type, buf.count, root), "broadcast");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, buf.type, buf.count, root),
+                "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (c.size() == 1) co_return;
       co_await broadcast_on(c, buf.data, buf.bytes(), root);
@@ -264,32 +255,28 @@ class tcp_backend {
   detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
                             int root) {
     const bool in_place = in.data == out.data;
-    if (sliced(in) && (in_place || sliced(out))) {
-      using tcp::coll_op;
-      const slice_plan plan(in, o_.staging_slice);
+    if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
+      const tcp::slice_plan plan = staging_.plan(in);
       tcp::call c(*net_, ctx, true,
-                              sig(ctx, coll_op::reduce, in.type, in.count, root, &op, plan.slices),
-                              "reduce");
+                  sig(ctx, coll_op::reduce, in.type, in.count, root, &op, plan.slices), "reduce");
       // In place on a slice of the block: the result goes back to the
       // root's output, and to a non-root's buffer only if it is also its
       // input (which the host algorithm may have used).
       const bool back = ctx.group->rank == root || in_place;
-      co_await sliced_call(c, ctx, plan, in.data, back ? out.data : nullptr, in.device.index,
-                           "reduce", no_start, [&](const slice& s) -> detail::task<void> {
-                             co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
-                           });
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index, "reduce",
+          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+            co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
+          });
       co_return;
     }
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_out = st.out(out, in_place || ctx.group->rank != root);
-      co_await reduce(ctx, in_place ? host_out : st.in(in), host_out, op, root);
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
+                              [&](auto i, auto o) { return reduce(ctx, i, o, op, root); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true,
-                            sig(ctx, coll_op::reduce, in.type, in.count, root, &op), "reduce");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, in.type, in.count, root, &op),
+                "reduce");
     co_await c.run([&]() -> detail::task<void> {
       co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
@@ -297,29 +284,25 @@ class tcp_backend {
 
   detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op) {
     const bool in_place = in.data == out.data;
-    if (sliced(out) && (in_place || sliced(in))) {
-      using tcp::coll_op;
-      const slice_plan plan(out, o_.staging_slice);
-      tcp::call c(
-          *net_, ctx, true,
-          sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices), "all_reduce");
-      co_await sliced_call(c, ctx, plan, in.data, out.data, out.device.index, "all_reduce",
-                           no_start, [&](const slice& s) -> detail::task<void> {
-                             co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
-                           });
+    if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
+      const tcp::slice_plan plan = staging_.plan(out);
+      tcp::call c(*net_, ctx, true,
+                  sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices),
+                  "all_reduce");
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, in.data, out.data, out.device.index, "all_reduce",
+          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+            co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
+          });
       co_return;
     }
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_out = st.out(out, in_place);
-      co_await all_reduce(ctx, in_place ? host_out : st.in(in), host_out, op);
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.in_place = in_place},
+                              [&](auto i, auto o) { return all_reduce(ctx, i, o, op); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true,
-                            sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op),
-                            "all_reduce");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op),
+                "all_reduce");
     co_await c.run([&]() -> detail::task<void> {
       co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
     });
@@ -327,118 +310,91 @@ class tcp_backend {
 
   // in: n blocks (root only); out: one block.
   detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_in = st.in(in);
-      co_await scatter(ctx, host_in, st.out(out, false), root);
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return scatter(ctx, i, o, root); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root),
-                            "scatter");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root), "scatter");
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::scatter, true);
+      choose(c, coll_op::scatter);
       co_await tcp::direct_scatter(c, in.data, out.data, out.bytes(), root);
     });
   }
 
   // in: one block; out: n blocks (root only).
   detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_in = st.in(in);
-      co_await gather(ctx, host_in, st.out(out, ctx.group->rank != root), root);
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
+                              [&](auto i, auto o) { return gather(ctx, i, o, root); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root),
-                            "gather");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root), "gather");
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::gather, true);
+      choose(c, coll_op::gather);
       co_await tcp::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
 
   detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_in = st.in(in);
-      co_await all_gather(ctx, host_in, st.out(out, false));
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_gather(ctx, i, o); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count),
-                            "all_gather");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count), "all_gather");
     co_await c.run([&]() -> detail::task<void> {
-      auto a = choose(c, coll_op::all_gather, out.bytes() <= o_.small_all_gather);
-      if (a == algorithm::direct)
-        co_await tcp::direct_all_gather(c, in.data, out.data, in.count,
-                                                    size_of(in.type));
+      const std::size_t es = size_of(in.type);
+      if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
+        co_await tcp::direct_all_gather(c, in.data, out.data, in.count, es);
       else
-        co_await tcp::ring_all_gather(c, in.data, out.data, in.count, size_of(in.type),
-                                                  o_.chunk_bytes);
+        co_await tcp::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
     });
   }
 
   // in: n blocks; out: one block (may be in's block r).
   detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
                                     reducer op) {
-    if (detail::on_device(in) || detail::on_device(out)) {
-      detail::host_staging st(pinned_);
-      auto host_in = st.in(in);
-      co_await reduce_scatter(ctx, host_in, st.out(out, false), op);
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
       co_return;
     }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true,
-                            sig(ctx, coll_op::reduce_scatter, out.type, out.count, -1, &op),
-                            "reduce_scatter");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce_scatter, out.type, out.count, -1, &op),
+                "reduce_scatter");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
-      auto a = choose(c, coll_op::reduce_scatter, in.bytes() <= o_.small_reduce_scatter);
-      if (a == algorithm::direct || c.size() == 1)
+      if (choose(c, coll_op::reduce_scatter, {.bytes = in.bytes()}) == algorithm::direct)
         co_await tcp::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
       else
-        co_await tcp::ring_reduce_scatter(c, in.data, out.data, out.count, es, op,
-                                                      o_.chunk_bytes);
+        co_await tcp::ring_reduce_scatter(c, in.data, out.data, out.count, es, op, o_.chunk_bytes);
     });
   }
 
-  // in, out: n blocks each; they do not overlap.
+  // in, out: n blocks each; they do not overlap (the in-place form, in ==
+  // out, stages them apart; the communicator copies host tensors apart).
   detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
-    if (detail::on_device(in) || detail::on_device(out)) {  // in == out: the in-place form
-      detail::host_staging st(pinned_);
-      auto host_in = st.in(in);
-      co_await all_to_all(ctx, host_in, st.out(out, false));
-      st.copy_back();
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
       co_return;
     }
-    using tcp::coll_op;
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
     tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, in.type, in.count / n),
-                            "all_to_all");
+                "all_to_all");
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_to_all, true);
+      choose(c, coll_op::all_to_all);
       co_await tcp::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
     });
   }
 
   detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
                                                       output_allocator alloc) {
-    if (detail::on_device(in)) {
-      detail::host_staging st(pinned_);
-      co_return co_await all_gather_v(ctx, st.in(in), std::move(alloc));
-    }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0),
-                            "all_gather_v");
+    if (tcp::staging::needed(in))
+      co_return co_await staging_.whole(
+          in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0), "all_gather_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_gather_v, true);
+      choose(c, coll_op::all_gather_v);
       counts = co_await tcp::direct_all_gather_v(c, in, alloc);
     });
     co_return counts;
@@ -447,16 +403,14 @@ class tcp_backend {
   detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
                                                       std::vector<std::size_t> send_counts,
                                                       output_allocator alloc) {
-    if (detail::on_device(in)) {
-      detail::host_staging st(pinned_);
-      co_return co_await all_to_all_v(ctx, st.in(in), std::move(send_counts), std::move(alloc));
-    }
-    using tcp::coll_op;
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0),
-                            "all_to_all_v");
+    if (tcp::staging::needed(in))
+      co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
+        return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
+      });
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0), "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_to_all_v, true);
+      choose(c, coll_op::all_to_all_v);
       counts = co_await tcp::direct_all_to_all_v(c, in, send_counts, alloc);
     });
     co_return counts;
@@ -465,29 +419,23 @@ class tcp_backend {
   const options& settings() const { return o_; }
 
  private:
+  using coll_op = tcp::coll_op;
+
   tcp_backend(asio::any_io_executor ex, std::shared_ptr<tcp::transport> net, options o,
-              std::map<tcp::coll_op, algorithm> overrides)
+              std::map<coll_op, algorithm> overrides)
       : ex_(std::move(ex)),
         net_(std::move(net)),
         o_(std::move(o)),
-        overrides_(std::move(overrides)) {}
-
-  static void tune(detail::ip_tcp::socket& socket) {
-    asio::error_code ignored;
-    socket.set_option(detail::ip_tcp::no_delay(true), ignored);
-    // Generous buffers keep a large message flowing while the receiver is
-    // busy reducing the previous chunk.
-    socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
-    socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
-  }
+        overrides_(std::move(overrides)),
+        staging_(ex_, o_.staging_slice, net_->rank()) {}
 
   static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
-    return {.op = tcp::coll_op::p2p, .type = t, .count = count};
+    return {.op = coll_op::p2p, .type = t, .count = count};
   }
   // `slices`: of a CUDA tensor staged slice by slice (0: not sliced).
-  tcp::call_signature sig(const op_context& ctx, tcp::coll_op op,
-                                      dtype t = dtype::uint8, std::size_t count = 0, int root = -1,
-                                      const reducer* r = nullptr, std::size_t slices = 0) const {
+  tcp::call_signature sig(const op_context& ctx, coll_op op, dtype t = dtype::uint8,
+                          std::size_t count = 0, int root = -1, const reducer* r = nullptr,
+                          std::size_t slices = 0) const {
     return {.op = op,
             .type = t,
             .reduce = r ? r->kind : reduce_kind::sum,
@@ -495,203 +443,54 @@ class tcp_backend {
             .root = root,
             .count = count,
             .slices = static_cast<std::uint32_t>(slices),
-            .algo = requested(ctx, op),
+            .algo = tcp::requested(op, ctx.algorithm, overrides_),
             .confirmed = static_cast<std::uint8_t>(
                 o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0)};
   }
-  // The algorithm asked for: by the call, else by DCOMM_ALGO.
-  algorithm requested(const op_context& ctx, tcp::coll_op op) const {
-    if (ctx.algorithm != algorithm::automatic) return ctx.algorithm;
-    auto o = overrides_.find(op);
-    return o == overrides_.end() ? algorithm::automatic : o->second;
-  }
 
-  // The algorithm asked for, or the table's pick by size. (The front end
-  // refused the call before it started if the algorithm is not the op's.)
-  static algorithm choose(tcp::call& c, tcp::coll_op op, bool small) {
-    const auto& choice = tcp::algorithms_of(op);
-    const algorithm a = c.signature().algo;
-    if (a == algorithm::automatic) return small ? choice.small : choice.large;
-    if (a != choice.small && a != choice.large)
-      c.invalid(tcp::refuse_algorithm(tcp::name(op), a));
-    return a;
+  // The algorithm this call runs (tcp::choose: the one its signature asks
+  // for, else the table's by `size`). One the op does not have fails the
+  // call; the front end refused it before, by the operation's name.
+  algorithm choose(tcp::call& c, coll_op op, tcp::call_size size = {}) const {
+    const algorithm asked = c.signature().algo;
+    if (auto a = tcp::choose(op, asked, size, c.size(), o_)) return *a;
+    c.invalid(tcp::refuse_algorithm(tcp::name(op), asked));
   }
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
-  detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes,
-                                  int root) {
-    using tcp::coll_op;
-    auto a = choose(c, coll_op::broadcast, bytes <= o_.small_broadcast);
-    if (a == algorithm::binomial_tree)
+  detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes, int root) {
+    if (choose(c, coll_op::broadcast, {.bytes = bytes}) == algorithm::binomial_tree)
       co_await tcp::binomial_broadcast(c, data, bytes, root);
     else
       co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
   }
-  detail::task<void> reduce_on(tcp::call& c, const void* in, void* out,
-                               std::size_t count, dtype type, const reducer& op, int root) {
-    using tcp::coll_op;
+  detail::task<void> reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
+                               dtype type, const reducer& op, int root) {
     const std::size_t es = size_of(type);
-    auto a = choose(c, coll_op::reduce, count * es <= o_.small_broadcast);
-    if (a == algorithm::binomial_tree || c.size() == 1)
+    if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
+        algorithm::binomial_tree)
       co_await tcp::binomial_reduce(c, in, out, count, es, op, root);
     else
       co_await tcp::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
   }
-  detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out,
-                                   std::size_t count, dtype type, const reducer& op) {
-    using tcp::coll_op;
+  detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
+                                   dtype type, const reducer& op) {
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
-    auto a =
-        choose(c, coll_op::all_reduce,
-               count * es <= o_.small_all_reduce || count < static_cast<std::size_t>(c.size()));
-    if (a == algorithm::recursive_doubling || c.size() == 1) {
+    if (choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count}) ==
+        algorithm::recursive_doubling) {
       if (!in_place && count) std::memcpy(out, in, count * es);
       co_await tcp::recursive_doubling_all_reduce(c, out, count, es, op);
     } else {
-      co_await tcp::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op,
-                                                o_.chunk_bytes);
+      co_await tcp::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op, o_.chunk_bytes);
     }
-  }
-
-  // A CUDA tensor that goes slice by slice.
-  bool sliced(const const_tensor_view& v) const {
-    return detail::on_device(v) && v.bytes() > o_.staging_slice;
-  }
-
-  // Slice k, on the host: bytes [begin, end) of the tensor, at `host`.
-  struct slice {
-    char* host;
-    std::size_t count;  // elements
-    std::size_t begin, end;
-    std::size_t bytes() const { return end - begin; }
-  };
-  // How a tensor is cut: slices of `slice_bytes` (whole elements), at most
-  // 255 of them (a collective's slice k has steps k << 24).
-  struct slice_plan {
-    slice_plan(const const_tensor_view& v, std::size_t slice_bytes)
-        : es(size_of(v.type)),
-          count(v.count),
-          per(std::max({slice_bytes / es, std::size_t{1}, (count + 254) / 255})),
-          slices((count + per - 1) / per) {}
-    // Slice k of a tensor whose host copy is at `block`.
-    slice at(std::size_t k, char* block) const {
-      const std::size_t begin = k * per * es, end = std::min(count, (k + 1) * per) * es;
-      return {block + begin, (end - begin) / es, begin, end};
-    }
-    std::size_t es, count, per, slices;
-  };
-  static void no_start(char*, std::size_t) {}
-
-  // One operation on a CUDA tensor, slice by slice within the one call `c`
-  // (which it runs): all its input slices are queued to the copy thread at
-  // once; start(block, slice_bytes) runs before anything is awaited (a
-  // send or receive posts its one message there, so that it keeps its
-  // order); each slice runs `body(slice)` in its part of a page-locked
-  // block as soon as it is on the host, and its result is queued back to
-  // the device at once, so copies in both directions overlap the network.
-  // `src`: the device data this rank reads (null: none); `dst`: where its
-  // result goes (null: nowhere). A collective's slices run its algorithm
-  // with steps of their own (call::set_step_base).
-  template <class Start, class Body>
-  detail::task<void> sliced_call(tcp::call& c, const op_context& ctx,
-                                 const slice_plan& plan, const void* src, void* dst, int device,
-                                 const char* operation, Start start, Body body) {
-    auto copies = std::make_shared<detail::copy_thread::batch>();
-    // Back to the pool once no copy touches it; if this frame is destroyed
-    // before (its executor went away mid-operation), the batch frees it
-    // after the copy that may be running.
-    struct lease {
-      detail::pinned_blocks& pool;
-      detail::pinned_blocks::block block;
-      detail::copy_thread::batch& copies;
-      bool given = false;
-      void give() {
-        pool.give(block);
-        given = true;
-      }
-      ~lease() {
-        if (!given) copies.adopt(block.data, detail::device_memory()->free_pinned);
-      }
-    } block{pinned_, pinned_.take(plan.count * plan.es), *copies};
-    char* host = static_cast<char*>(block.block.data);
-    std::size_t queued = 0;
-    if (src)
-      for (std::size_t k = 0; k < plan.slices; ++k, ++queued) {
-        const slice s = plan.at(k, host);
-        copies_.to_host(copies, s.host, static_cast<const char*>(src) + s.begin, s.bytes(), device);
-      }
-    std::exception_ptr failure;
-    try {
-      // run() waits for every message, sends from the block included, or
-      // takes them all back on a failure, before it returns.
-      co_await c.run([&]() -> detail::task<void> {
-        start(host, plan.per * plan.es);
-        for (std::size_t k = 0; k < plan.slices; ++k) {
-          if (src) co_await copies_done(*copies, k + 1, ctx.deadline, operation);
-          c.set_step_base(static_cast<std::uint32_t>(k << 24));
-          const slice s = plan.at(k, host);
-          co_await body(s);
-          if (dst) {
-            copies_.to_device(copies, static_cast<char*>(dst) + s.begin, s.host, s.bytes(), device);
-            ++queued;
-          }
-        }
-      });
-      co_await copies_done(*copies, queued, ctx.deadline, operation);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    if (failure) {
-      // Nothing may copy into or out of the block once it is given back:
-      // skip what has not started and wait for the copy in progress (a
-      // local copy; if even that does not end, the batch frees the block
-      // after it).
-      copies->cancelled.store(true, std::memory_order_release);
-      try {
-        co_await copies_done(*copies, queued, detail::clock::now() + std::chrono::seconds(10), operation,
-                             false);
-      } catch (...) {
-        std::rethrow_exception(failure);  // the lease hands the block to the batch
-      }
-      block.give();
-      std::rethrow_exception(failure);
-    }
-    block.give();
-  }
-
-  // Until `n` copies of the batch are done (or skipped); a failed copy is
-  // rethrown unless `rethrow` is false.
-  detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
-                                 detail::clock::time_point deadline, const char* operation,
-                                 bool rethrow = true) {
-    asio::steady_timer timer(ex_);
-    b.waiter = &timer;
-    struct unhook {
-      detail::copy_thread::batch& b;
-      ~unhook() { b.waiter = nullptr; }
-    } guard{b};
-    while (b.done < n) {
-      if (rethrow && b.failure) std::rethrow_exception(b.failure);
-      if (detail::clock::now() >= deadline)
-        throw_error(errc::timeout, {.operation = operation,
-                                    .rank = rank(),
-                                    .detail = "the deadline passed while copying a slice of a "
-                                              "CUDA tensor between host and device"});
-      timer.expires_at(deadline);
-      co_await timer.async_wait(detail::use_task);
-    }
-    if (rethrow && b.failure) std::rethrow_exception(b.failure);
   }
 
   asio::any_io_executor ex_;
   std::shared_ptr<tcp::transport> net_;
   options o_;
-  std::map<tcp::coll_op, algorithm> overrides_;
-  detail::pinned_blocks pinned_;  // staging for CUDA tensors
-  // Copies of sliced CUDA tensors (its thread starts with the first one);
-  // gone before the blocks it copies into.
-  detail::copy_thread copies_{ex_};
+  std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
+  tcp::staging staging_;                    // of CUDA tensors
 };
 
 static_assert(backend<tcp_backend>);

@@ -1,8 +1,13 @@
-// The TCP backend's tuning: for each collective, the algorithm for small
-// and for large messages, the DCOMM_ALGO overrides, and which algorithms a
-// call may ask for. The algorithms themselves are in tcp/algorithms/<op>.hpp.
+// The TCP backend's tuning, in one place: for each collective, the
+// algorithm for small and for large messages and the option that sets the
+// size between them (algorithm_table); the DCOMM_ALGO overrides; which
+// algorithms a call may ask for; and the choice for one call (choose). The
+// algorithms themselves are in tcp/algorithms/<op>.hpp.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -14,32 +19,71 @@
 
 namespace dcomm::tcp {
 
+// The field of tcp_backend::options that holds an op's size limit: up to
+// it (bytes) the small algorithm runs, above it the large one.
+enum class size_limit : std::uint8_t {
+  none,  // one algorithm, whatever the size
+  small_all_reduce,
+  small_broadcast,
+  small_all_gather,
+  small_reduce_scatter,
+};
 
 // The algorithms of each collective, for small and for large messages (the
 // same where it has one): chosen by size unless a call or DCOMM_ALGO asks
-// for one of them.
+// for one of them. The size an op measures: its buffer (a slice's, for a
+// CUDA tensor that goes slice by slice), all_gather its whole output,
+// reduce_scatter its whole input.
 struct algorithm_choice {
   coll_op op;
   algorithm small, large;
+  size_limit limit;
+  // The large algorithm gives each rank a part of the elements: with fewer
+  // elements than ranks the small one runs, whatever the size.
+  bool part_per_rank = false;
 };
+// Rows: op, small algorithm, large algorithm, the option that holds the size
+// limit, whether the large one needs an element per rank. Barrier has one
+// algorithm (dissemination) and nothing to choose; reduce shares
+// broadcast's limit.
 inline constexpr algorithm_choice algorithm_table[] = {
-    {coll_op::barrier, algorithm::automatic, algorithm::automatic},  // dissemination only
-    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain},
-    {coll_op::reduce, algorithm::binomial_tree, algorithm::chain},
-    {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring},
-    {coll_op::scatter, algorithm::direct, algorithm::direct},
-    {coll_op::gather, algorithm::direct, algorithm::direct},
-    {coll_op::all_gather, algorithm::direct, algorithm::ring},
-    {coll_op::reduce_scatter, algorithm::direct, algorithm::ring},
-    {coll_op::all_to_all, algorithm::direct, algorithm::direct},
-    {coll_op::all_gather_v, algorithm::direct, algorithm::direct},
-    {coll_op::all_to_all_v, algorithm::direct, algorithm::direct},
+    {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none},
+    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
+    {coll_op::reduce, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
+    {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring,
+     size_limit::small_all_reduce, true},
+    {coll_op::scatter, algorithm::direct, algorithm::direct, size_limit::none},
+    {coll_op::gather, algorithm::direct, algorithm::direct, size_limit::none},
+    {coll_op::all_gather, algorithm::direct, algorithm::ring, size_limit::small_all_gather},
+    {coll_op::reduce_scatter, algorithm::direct, algorithm::ring, size_limit::small_reduce_scatter},
+    {coll_op::all_to_all, algorithm::direct, algorithm::direct, size_limit::none},
+    {coll_op::all_gather_v, algorithm::direct, algorithm::direct, size_limit::none},
+    {coll_op::all_to_all_v, algorithm::direct, algorithm::direct, size_limit::none},
 };
 
 inline const algorithm_choice& algorithms_of(coll_op op) {
   for (const auto& c : algorithm_table)
     if (c.op == op) return c;
   return algorithm_table[0];
+}
+
+// The value of `limit` in `o` (a tcp_backend::options; a template so that
+// this table need not include the backend).
+template <class Options>
+std::size_t limit_of(const Options& o, size_limit limit) {
+  switch (limit) {
+    case size_limit::small_all_reduce:
+      return o.small_all_reduce;
+    case size_limit::small_broadcast:
+      return o.small_broadcast;
+    case size_limit::small_all_gather:
+      return o.small_all_gather;
+    case size_limit::small_reduce_scatter:
+      return o.small_reduce_scatter;
+    case size_limit::none:
+      break;
+  }
+  return std::numeric_limits<std::size_t>::max();
 }
 
 // Empty if `a` may be asked of `operation` (a communicator operation's
@@ -89,6 +133,40 @@ inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view s
     out[*op] = *a;
   }
   return out;
+}
+
+// The algorithm a call asks for: its own (op_options::algorithm), else
+// DCOMM_ALGO's for the op, else automatic. The call's signature carries it,
+// so ranks that ask for different ones fail with errc::mismatch.
+inline algorithm requested(coll_op op, algorithm asked,
+                           const std::map<coll_op, algorithm>& overrides) {
+  if (asked != algorithm::automatic) return asked;
+  auto o = overrides.find(op);
+  return o == overrides.end() ? algorithm::automatic : o->second;
+}
+
+// A call's size as the table's limits measure it.
+struct call_size {
+  std::size_t bytes = 0;
+  std::size_t count = 0;  // elements
+};
+
+// What a call of `op` runs: the algorithm it asked for (requested()), else
+// the table's by size, with the limits of `o` (tcp_backend::options). A
+// world of one runs the small algorithm, which does without messages (the
+// large ones assume a ring or chain of two ranks or more). Empty: `asked`
+// is not one of the op's (refuse_algorithm says why; the front end refuses
+// such a call before it starts, by the operation's name).
+template <class Options>
+std::optional<algorithm> choose(coll_op op, algorithm asked, call_size size, int world,
+                                const Options& o) {
+  const auto& c = algorithms_of(op);
+  if (asked != algorithm::automatic && asked != c.small && asked != c.large) return std::nullopt;
+  if (world <= 1) return c.small;
+  if (asked != algorithm::automatic) return asked;
+  const bool small = size.bytes <= limit_of(o, c.limit) ||
+                     (c.part_per_rank && size.count < static_cast<std::size_t>(world));
+  return small ? c.small : c.large;
 }
 
 }  // namespace dcomm::tcp

@@ -1,0 +1,56 @@
+// The TCP backend's start: the address this rank advertises, the mesh of
+// links to its peers (tcp/mesh.hpp) tuned for bulk transfer, and the
+// transport started over them (tcp/transport.hpp).
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "dcomm/detail/clock.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/store/store.hpp"
+#include "dcomm/tcp/mesh.hpp"
+#include "dcomm/tcp/transport.hpp"
+
+namespace dcomm::tcp {
+
+// The address peers use to reach this rank: `advertise_host` if set, else
+// $DCOMM_SOCKET_ADDR, else `bind_host` if it names one interface, else the
+// local address that routes to the store's host, else loopback.
+inline std::string advertised_address(const asio::any_io_executor& ex, std::string advertise_host,
+                                      const std::string& bind_host, const std::string& store_host) {
+  if (advertise_host.empty())
+    if (const char* v = std::getenv("DCOMM_SOCKET_ADDR"); v && *v) advertise_host = v;
+  if (advertise_host.empty() && !bind_host.empty() && bind_host != "0.0.0.0" && bind_host != "::")
+    advertise_host = bind_host;
+  if (advertise_host.empty()) advertise_host = detail::local_address_towards(ex, store_host);
+  if (advertise_host.empty()) advertise_host = "127.0.0.1";
+  return advertise_host;
+}
+
+inline void tune_link(detail::ip_tcp::socket& socket) {
+  asio::error_code ignored;
+  socket.set_option(detail::ip_tcp::no_delay(true), ignored);
+  // Generous buffers keep a large message flowing while the receiver is
+  // busy reducing the previous chunk.
+  socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
+  socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
+}
+
+// Connects this rank to every peer through the store and starts the
+// transport over the links, on the executor it is awaited from.
+inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
+    std::shared_ptr<store> s, int rank, int world, mesh_options mesh, transport_options options,
+    detail::clock::time_point deadline) {
+  auto ex = co_await asio::this_coro::executor;
+  auto sockets = co_await connect_mesh(std::move(s), rank, world, mesh, deadline);
+  for (auto& socket : sockets)
+    if (socket.is_open()) tune_link(socket);
+  auto net = std::make_shared<transport>(ex, rank, world, std::move(sockets), options);
+  net->start();
+  co_return net;
+}
+
+}  // namespace dcomm::tcp

@@ -1,0 +1,192 @@
+// The TCP backend's choice of algorithm (tcp/tuning.hpp), without a
+// network: what each op runs at sizes around its limit (the defaults of
+// tcp_backend::options and others), in a world of one, when a call or
+// DCOMM_ALGO asks for an algorithm, and what is refused. The algorithms
+// themselves run in the "tcp collectives" suite.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "dcomm/tcp_backend.hpp"
+
+namespace {
+
+using dcomm::algorithm;
+using dcomm::tcp::coll_op;
+
+constexpr std::size_t kib = 1024;
+constexpr std::size_t huge = std::size_t{1} << 40;
+
+// What a call of `op` moving `bytes` (as many elements: uint8) runs among
+// `world` ranks, asking for `asked`.
+std::optional<algorithm> pick(coll_op op, std::size_t bytes, int world = 4,
+                              algorithm asked = algorithm::automatic,
+                              const dcomm::tcp_backend::options& o = {}) {
+  return dcomm::tcp::choose(op, asked, {.bytes = bytes, .count = bytes}, world, o);
+}
+
+bool contains(const std::string& s, std::string_view part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The message DCOMM_ALGO=`spec` is refused with (empty: accepted).
+std::string refusal_of(std::string_view spec) {
+  try {
+    dcomm::tcp::parse_algorithm_overrides(spec);
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::invalid_argument);
+    CHECK(contains(e.what(), "DCOMM_ALGO"));
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_SUITE("tcp tuning") {
+  TEST_CASE(
+      "defaults: each op's small algorithm up to its limit (docs/communicator.md), large above") {
+    CHECK(pick(coll_op::all_reduce, 64 * kib) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::broadcast, 256 * kib) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::broadcast, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(coll_op::reduce, 256 * kib) == algorithm::binomial_tree);  // broadcast's limit
+    CHECK(pick(coll_op::reduce, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(coll_op::all_gather, 64 * kib) == algorithm::direct);
+    CHECK(pick(coll_op::all_gather, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::reduce_scatter, 64 * kib) == algorithm::direct);
+    CHECK(pick(coll_op::reduce_scatter, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::all_reduce, 0) == algorithm::recursive_doubling);
+  }
+
+  TEST_CASE("each op reads its own option's limit") {
+    // Four different limits: an op that read another's would pick wrongly
+    // on one side of its own.
+    dcomm::tcp_backend::options o;
+    o.small_all_reduce = 1000;
+    o.small_broadcast = 2000;
+    o.small_all_gather = 3000;
+    o.small_reduce_scatter = 4000;
+    struct row {
+      coll_op op;
+      std::size_t limit;
+      algorithm small, large;
+    };
+    for (const row& r :
+         {row{coll_op::all_reduce, 1000, algorithm::recursive_doubling, algorithm::ring},
+          row{coll_op::broadcast, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{coll_op::reduce, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{coll_op::all_gather, 3000, algorithm::direct, algorithm::ring},
+          row{coll_op::reduce_scatter, 4000, algorithm::direct, algorithm::ring}}) {
+      CAPTURE(dcomm::tcp::name(r.op));
+      CHECK(pick(r.op, 1, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit - 1, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit + 1, 4, algorithm::automatic, o) == r.large);
+      CHECK(pick(r.op, huge, 4, algorithm::automatic, o) == r.large);
+    }
+  }
+
+  TEST_CASE("ops with one algorithm run it at any size") {
+    for (coll_op op : {coll_op::scatter, coll_op::gather, coll_op::all_to_all,
+                       coll_op::all_gather_v, coll_op::all_to_all_v}) {
+      CAPTURE(dcomm::tcp::name(op));
+      CHECK(pick(op, 0) == algorithm::direct);
+      CHECK(pick(op, huge) == algorithm::direct);
+      CHECK(pick(op, huge, 4, algorithm::direct) == algorithm::direct);
+    }
+  }
+
+  TEST_CASE("all_reduce with fewer elements than ranks runs recursive doubling at any size") {
+    const dcomm::tcp_backend::options o;
+    auto all_reduce = [&](std::size_t count, int world) {
+      return dcomm::tcp::choose(coll_op::all_reduce, algorithm::automatic,
+                                {.bytes = huge, .count = count}, world, o);
+    };
+    CHECK(all_reduce(3, 4) == algorithm::recursive_doubling);
+    CHECK(all_reduce(4, 4) == algorithm::ring);
+    CHECK(all_reduce(0, 2) == algorithm::recursive_doubling);
+    // Only all_reduce's ring cuts the data per rank.
+    CHECK(dcomm::tcp::choose(coll_op::all_gather, algorithm::automatic, {.bytes = huge, .count = 1},
+                             4, o) == algorithm::ring);
+  }
+
+  TEST_CASE("a world of one runs the small algorithm, whatever the size or the request") {
+    CHECK(pick(coll_op::all_reduce, huge, 1) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, huge, 1, algorithm::ring) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::reduce, huge, 1, algorithm::chain) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::broadcast, huge, 1) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::reduce_scatter, huge, 1, algorithm::ring) == algorithm::direct);
+    CHECK(pick(coll_op::all_gather, huge, 1) == algorithm::direct);
+    // Still refused: the request is checked before the world.
+    CHECK(pick(coll_op::broadcast, 1, 1, algorithm::ring) == std::nullopt);
+  }
+
+  TEST_CASE("an algorithm the call asks for wins over the size") {
+    CHECK(pick(coll_op::all_reduce, 8, 4, algorithm::ring) == algorithm::ring);
+    CHECK(pick(coll_op::all_reduce, huge, 4, algorithm::recursive_doubling) ==
+          algorithm::recursive_doubling);
+    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::chain) == algorithm::chain);
+    CHECK(pick(coll_op::reduce, huge, 4, algorithm::binomial_tree) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::all_gather, huge, 4, algorithm::direct) == algorithm::direct);
+    CHECK(pick(coll_op::reduce_scatter, 1, 4, algorithm::ring) == algorithm::ring);
+  }
+
+  TEST_CASE("requested: the call's algorithm, else DCOMM_ALGO's for the op, else automatic") {
+    const auto overrides = dcomm::tcp::parse_algorithm_overrides("all_reduce=ring,broadcast=chain");
+    CHECK(overrides.size() == 2);
+    using dcomm::tcp::requested;
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, overrides) == algorithm::ring);
+    CHECK(requested(coll_op::all_reduce, algorithm::recursive_doubling, overrides) ==
+          algorithm::recursive_doubling);
+    CHECK(requested(coll_op::broadcast, algorithm::automatic, overrides) == algorithm::chain);
+    CHECK(requested(coll_op::reduce, algorithm::automatic, overrides) == algorithm::automatic);
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, {}) == algorithm::automatic);
+    // Then the override wins over the size, as a call's request does.
+    CHECK(pick(coll_op::all_reduce, 8, 4,
+               requested(coll_op::all_reduce, algorithm::automatic, overrides)) == algorithm::ring);
+    // Empty items are skipped; the last of two for one op counts.
+    const auto more =
+        dcomm::tcp::parse_algorithm_overrides(",all_reduce=ring,,all_reduce=automatic,");
+    CHECK(more.size() == 1);
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, more) == algorithm::automatic);
+    CHECK(dcomm::tcp::parse_algorithm_overrides("").empty());
+  }
+
+  TEST_CASE("refusals: an algorithm the op does not have, from a call or DCOMM_ALGO") {
+    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(coll_op::all_reduce, 1, 4, algorithm::chain) == std::nullopt);
+    CHECK(pick(coll_op::scatter, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(coll_op::barrier, 1, 4, algorithm::direct) == std::nullopt);
+
+    using dcomm::tcp::refuse_algorithm;
+    CHECK(refuse_algorithm("all_reduce", algorithm::ring).empty());
+    CHECK(refuse_algorithm("barrier", algorithm::automatic).empty());
+    CHECK(refuse_algorithm("send", algorithm::automatic).empty());
+    const auto broadcast_ring = refuse_algorithm("broadcast", algorithm::ring);
+    CHECK(contains(broadcast_ring, "algorithm ring is not available for broadcast"));
+    CHECK(contains(broadcast_ring, "(it has binomial_tree and chain)"));
+    CHECK(contains(refuse_algorithm("scatter", algorithm::ring), "(it has direct)"));
+    CHECK(contains(refuse_algorithm("barrier", algorithm::direct), "it has one algorithm"));
+    CHECK(contains(refuse_algorithm("send", algorithm::ring), "it has no algorithm to choose"));
+
+    CHECK(refusal_of("all_reduce=ring,broadcast=binomial_tree").empty());
+    CHECK(contains(refusal_of("all_reduce"), "'all_reduce' has no '='"));
+    CHECK(contains(refusal_of("all_reduce=fastest"), "unknown algorithm 'fastest'"));
+    CHECK(contains(refusal_of("allreduce=ring"), "unknown operation 'allreduce'"));
+    CHECK(contains(refusal_of("broadcast=ring"), "(it has binomial_tree and chain)"));
+  }
+
+  TEST_CASE("the table has one row per collective, found by its op") {
+    for (int i = static_cast<int>(coll_op::barrier); i <= static_cast<int>(coll_op::all_to_all_v);
+         ++i) {
+      const auto op = static_cast<coll_op>(i);
+      CAPTURE(dcomm::tcp::name(op));
+      CHECK(dcomm::tcp::algorithms_of(op).op == op);
+    }
+  }
+}
