@@ -18,15 +18,6 @@
 
 namespace dcomm::tcp {
 
-// Sizes that decide and shape the algorithms.
-struct algorithm_limits {
-  std::size_t chunk_bytes = 512 * 1024;      // pipelining unit of ring and chain
-  std::size_t small_all_reduce = 64 * 1024;  // below: recursive doubling
-  std::size_t small_broadcast = 256 * 1024;  // below: binomial tree (and reduce)
-  std::size_t small_all_gather = 64 * 1024;  // total output below: direct
-  std::size_t small_reduce_scatter = 64 * 1024;
-};
-
 // Elements [offset, offset + count) of a buffer.
 struct extent {
   std::size_t offset = 0;
