@@ -1,0 +1,96 @@
+// One peer's connection as the transport sees it (tcp/transport.hpp): the
+// frames waiting to be written, the receives posted for its messages, the
+// messages that came before their receive, the stage its frames are parsed
+// from, and how it ended (a goodbye, a loss).
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/tcp/io_items.hpp"
+#include "dcomm/tcp/pool.hpp"
+#include "dcomm/tcp/wire_format.hpp"
+
+namespace dcomm::tcp {
+
+// A send from here that a receive of the peer refused (sizes differ) after
+// the send had completed (an eager message is done once written): the
+// peer's fail frame says so, and the next operation here that waits on the
+// peer, or posts a message to it, fails with errc::mismatch naming the send
+// (tcp/failure_forwarding.hpp).
+struct refused_send {
+  std::uint64_t group = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t sent = 0;      // bytes the send had
+  std::uint64_t expected = 0;  // bytes the receive expected
+  call_signature receive{};    // the receive's dtype and count
+};
+
+// A frame waiting to be written to a link (a header, and for eager and
+// data frames the payload it points to).
+struct outgoing_frame {
+  wire_header header{};
+  const void* payload = nullptr;
+  std::size_t bytes = 0;
+  io_item* item = nullptr;  // the send whose payload this is (eager, data)
+  bool cancelled = false;   // taken back before it was written: skipped
+};
+// An eager message or rts that arrived before its receive was posted.
+// Recycled with its payload buffer (at most eager_limit bytes).
+struct unexpected_msg {
+  wire_header header{};
+  std::unique_ptr<std::byte[]> payload;
+  std::size_t capacity = 0;
+
+  std::byte* reserve(std::size_t n) {
+    if (capacity < n) {
+      // Powers of two from 1 KiB: few regrowths as sizes vary.
+      capacity = std::max<std::size_t>(std::bit_ceil(n), 1024);
+      payload = std::make_unique_for_overwrite<std::byte[]>(capacity);
+    }
+    return payload.get();
+  }
+};
+// The connection to one peer, and everything waiting on it.
+struct peer_link {
+  explicit peer_link(detail::ip_tcp::socket s) : socket(std::move(s)) {}
+  detail::ip_tcp::socket socket;
+  std::string address;
+  bool lost = false;
+  std::string why;
+  // The peer's goodbye: it left in order, after `bye_reason` caused by
+  // rank `bye_culprit` (-1: none; it simply finished).
+  bool shut = false;  // close(): shut for sending, waiting for the acknowledgements
+  bool said_bye = false;
+  fail_reason bye_reason = fail_reason::none;
+  int bye_culprit = -1;
+  // Receiving. Lists in arrival or posting order, searched from the
+  // front: a message matches the oldest receive with its key, and the
+  // match is nearly always at the front (MPI's queues work the same way).
+  std::vector<io_item*> posted;
+  std::vector<unexpected_msg*> unexpected;  // from the transport's pool
+  std::vector<io_item*> awaiting_data;      // receives that sent cts
+  std::vector<char> stage;
+  std::size_t begin = 0, end = 0;
+  io_item* reading = nullptr;  // the receive whose buffer a read targets
+  // Sending.
+  fifo<outgoing_frame> frames;
+  std::size_t batch = 0;               // frames at the front being written
+  std::vector<io_item*> awaiting_cts;  // sends that sent rts
+  // The batch's headers, copied: frames may move while it is written.
+  std::vector<wire_header> batch_headers;
+  std::vector<asio::const_buffer> gather;
+  // A send of ours this peer refused after it completed: reported by the
+  // next operation that needs this peer.
+  std::optional<refused_send> refused;
+};
+
+}  // namespace dcomm::tcp
