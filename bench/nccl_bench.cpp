@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <dcomm/communicator.hpp>
 #include <dcomm/cuda.hpp>
+#include <dcomm/init_process_group.hpp>
 #include <dcomm/nccl.hpp>
 #include <dcomm/spawn.hpp>
 #include <stdexcept>

@@ -16,6 +16,7 @@
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/cuda.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/nccl.hpp"
 
 namespace {

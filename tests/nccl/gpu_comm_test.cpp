@@ -16,6 +16,7 @@
 #include "dcomm/communicator.hpp"
 #include "dcomm/cuda.hpp"
 #include "dcomm/gradient_bucketer.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/store/hash_store.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dcomm/communicator.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/store/hash_store.hpp"
 #include "dcomm/tcp_backend.hpp"
 #include "support/sanitizer.hpp"

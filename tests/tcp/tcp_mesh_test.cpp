@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dcomm/communicator.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/spawn.hpp"
 #include "dcomm/tcp_backend.hpp"

@@ -1,0 +1,441 @@
+// The body of every communicator operation (communicator.hpp is its
+// surface): the argument checks (impl/checks.hpp), the call's identity
+// (impl/call_identity.hpp), then the backend's coroutine through
+// impl/launch.hpp. Each operation here takes views: the surface has turned
+// the user's tensors into them and checked element types at compile time.
+// Included at the end of communicator.hpp; not meant to be included alone.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcomm/communicator.hpp"
+#include "dcomm/impl/call_identity.hpp"
+#include "dcomm/impl/checks.hpp"
+#include "dcomm/impl/launch.hpp"
+#include "dcomm/impl/object_bytes.hpp"
+
+namespace dcomm::detail {
+
+// A view of one communicator handle, made per call (three pointers' worth).
+template <backend Backend>
+class comm_ops {
+ public:
+  using comm = communicator<Backend>;
+  explicit comm_ops(const comm& c) : c_(c) {}
+
+  // ---------------------------------------------------------------- p2p
+
+  template <class Token>
+  auto send(const char* operation, const_tensor_view in, int dst, int tag, op_options o,
+            Token&& token) const {
+    o = options(o);
+    auto bad = check([&] {
+      checks().peer(dst, operation, in);
+      check_options<Backend>(operation, o);
+    });
+    return launch<void>(c_.rt_, operation, std::forward<Token>(token), bad,
+                        p2p_context(c_.group_, tag, o),
+                        [in, dst](Backend& b, const op_context& c) { return b.send(c, in, dst); });
+  }
+  template <class Token>
+  auto recv(const char* operation, tensor_view out, int src, int tag, op_options o,
+            Token&& token) const {
+    o = options(o);
+    auto bad = check([&] {
+      checks().peer(src, operation, out);
+      check_options<Backend>(operation, o);
+    });
+    return launch<void>(
+        c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
+        [out, src](Backend& b, const op_context& c) { return b.recv(c, out, src); });
+  }
+
+  // -------------------------------------------------------- collectives
+
+  template <class Token>
+  auto barrier(op_options o, Token&& token) const {
+    std::exception_ptr bad;
+    return collective<void>("barrier", o, bad, std::forward<Token>(token),
+                            [](Backend& b, const op_context& c) { return b.barrier(c); });
+  }
+
+  template <class Token>
+  auto broadcast(tensor_view v, int root, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().tensor(v, "broadcast");
+      checks().rank_in_range(root, "broadcast", "root");
+    });
+    return collective<void>(
+        "broadcast", o, bad, std::forward<Token>(token),
+        [v, root](Backend& b, const op_context& c) { return b.broadcast(c, v, root); });
+  }
+
+  template <class E, class Op, class Token>
+  auto reduce(const_tensor_view in, tensor_view out, int root, const Op& op, op_options o,
+              Token&& token) const {
+    auto bad = check([&] {
+      checks().rank_in_range(root, "reduce", "root");
+      checks().tensor(in, "reduce");
+      if (rank() == root) {
+        checks().types(in, out, "reduce");
+        if (in.count != out.count)
+          invalid("reduce", "the root's output has " + std::to_string(out.count) +
+                                " elements, its input " + std::to_string(in.count));
+        checks().no_partial_overlap(in, out, "reduce", in.data == out.data);
+      }
+    });
+    return with_reducer<E>("reduce", op, in.type, bad, o, std::forward<Token>(token),
+                           [in, out, root](Backend& b, const op_context& c, reducer r) {
+                             return b.reduce(c, in, out, r, root);
+                           });
+  }
+
+  template <class E, class Op, class Token>
+  auto all_reduce(const_tensor_view in, tensor_view out, const Op& op, op_options o,
+                  Token&& token) const {
+    auto bad = check([&] {
+      checks().types(in, out, "all_reduce");
+      if (in.count != out.count)
+        invalid("all_reduce", "the output has " + std::to_string(out.count) +
+                                  " elements, the input " + std::to_string(in.count));
+      checks().no_partial_overlap(in, out, "all_reduce", in.data == out.data);
+    });
+    return with_reducer<E>("all_reduce", op, out.type, bad, o, std::forward<Token>(token),
+                           [in, out](Backend& b, const op_context& c, reducer r) {
+                             return b.all_reduce(c, in, out, r);
+                           });
+  }
+
+  template <class Token>
+  auto scatter(const_tensor_view i, tensor_view w, int root, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().rank_in_range(root, "scatter", "root");
+      checks().types(i, w, "scatter");
+      if (rank() == root) {
+        checks().blocks(i, w.count, "scatter", "the root's input", "the output");
+        checks().no_partial_overlap(i, w, "scatter",
+                                    w.data == checks().own_block_start(i, w.count));
+      }
+    });
+    return collective<void>(
+        "scatter", o, bad, std::forward<Token>(token),
+        [i, w, root](Backend& b, const op_context& c) { return b.scatter(c, i, w, root); });
+  }
+  // Every rank passes size() blocks; rank r's block r is written.
+  template <class Token>
+  auto scatter_in_place(tensor_view v, int root, op_options o, Token&& token) const {
+    return scatter(v, checks().own_block(v), root, o, std::forward<Token>(token));
+  }
+
+  template <class Token>
+  auto gather(const_tensor_view i, tensor_view w, int root, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().rank_in_range(root, "gather", "root");
+      checks().types(i, w, "gather");
+      if (rank() == root) {
+        checks().blocks(w, i.count, "gather", "the root's output", "the input");
+        checks().no_partial_overlap(i, w, "gather",
+                                    i.data == checks().own_block_start(w, i.count));
+      }
+    });
+    return collective<void>(
+        "gather", o, bad, std::forward<Token>(token),
+        [i, w, root](Backend& b, const op_context& c) { return b.gather(c, i, w, root); });
+  }
+  // Rank r's contribution is block r of its buffer.
+  template <class Token>
+  auto gather_in_place(tensor_view v, int root, op_options o, Token&& token) const {
+    return gather(checks().own_block(v), v, root, o, std::forward<Token>(token));
+  }
+
+  template <class Token>
+  auto all_gather(const_tensor_view i, tensor_view w, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().types(i, w, "all_gather");
+      checks().blocks(w, i.count, "all_gather", "the output", "the input");
+      checks().no_partial_overlap(i, w, "all_gather",
+                                  i.data == checks().own_block_start(w, i.count));
+    });
+    return collective<void>(
+        "all_gather", o, bad, std::forward<Token>(token),
+        [i, w](Backend& b, const op_context& c) { return b.all_gather(c, i, w); });
+  }
+  template <class Token>
+  auto all_gather_in_place(tensor_view v, op_options o, Token&& token) const {
+    return all_gather(checks().own_block(v), v, o, std::forward<Token>(token));
+  }
+
+  template <class E, class Op, class Token>
+  auto reduce_scatter(const_tensor_view i, tensor_view w, const Op& op, op_options o,
+                      Token&& token) const {
+    auto bad = check([&] {
+      checks().types(i, w, "reduce_scatter");
+      checks().blocks(i, w.count, "reduce_scatter", "the input", "the output");
+      checks().no_partial_overlap(i, w, "reduce_scatter",
+                                  w.data == checks().own_block_start(i, w.count));
+    });
+    return with_reducer<E>("reduce_scatter", op, w.type, bad, o, std::forward<Token>(token),
+                           [i, w](Backend& b, const op_context& c, reducer r) {
+                             return b.reduce_scatter(c, i, w, r);
+                           });
+  }
+  // The result is written to block r of the buffer.
+  template <class E, class Op, class Token>
+  auto reduce_scatter_in_place(tensor_view all, const Op& op, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().tensor(all, "reduce_scatter");
+      checks().multiple_of_size(all, "reduce_scatter");
+    });
+    const_tensor_view in = all;
+    return with_reducer<E>("reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
+                           [in, mine = checks().own_block(all)](Backend& b, const op_context& c,
+                                                                reducer r) {
+                             return b.reduce_scatter(c, in, mine, r);
+                           });
+  }
+
+  template <class Token>
+  auto all_to_all(const_tensor_view i, tensor_view w, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().types(i, w, "all_to_all");
+      if (i.count != w.count || i.count % static_cast<std::size_t>(size()) != 0)
+        invalid("all_to_all",
+                "input and output must have the same size, a multiple of the group "
+                "size " +
+                    std::to_string(size()) + "; got " + std::to_string(i.count) + " and " +
+                    std::to_string(w.count) + " elements");
+      if (partly_overlaps(i.data, i.bytes(), w.data, w.bytes()) || (i.data == w.data && i.count))
+        invalid("all_to_all", "input and output overlap; use the one-buffer (in-place) form");
+    });
+    return collective<void>(
+        "all_to_all", o, bad, std::forward<Token>(token),
+        [i, w](Backend& b, const op_context& c) { return b.all_to_all(c, i, w); });
+  }
+  // Through a copy of the buffer: host memory is copied aside here; a
+  // device backend gets in == out and keeps its own copy on the device.
+  template <class Token>
+  auto all_to_all_in_place(tensor_view v, op_options o, Token&& token) const {
+    auto bad = check([&] { checks().tensor(v, "all_to_all"); });
+    std::shared_ptr<std::vector<std::byte>> copy;
+    const_tensor_view i = v;
+    if (!bad && v.device.type == device::kind::cpu) {
+      copy = std::make_shared<std::vector<std::byte>>(
+          static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.bytes());
+      i.data = copy->data();
+    }
+    if (!bad) bad = check([&] { checks().multiple_of_size(v, "all_to_all"); });
+    return collective<void>(
+        "all_to_all", o, bad, std::forward<Token>(token),
+        [i, v, copy](Backend& b, const op_context& c) { return b.all_to_all(c, i, v); });
+  }
+
+  template <class E, class Token>
+  auto all_gather_v(const_tensor_view i, std::vector<E>& out, op_options o, Token&& token) const {
+    auto bad = check([&] { checks().tensor(i, "all_gather_v"); });
+    output_allocator alloc = resizing(out);
+    return collective<std::vector<std::size_t>>(
+        "all_gather_v", o, bad, std::forward<Token>(token),
+        [i, alloc](Backend& b, const op_context& c) { return b.all_gather_v(c, i, alloc); });
+  }
+
+  template <class E, class Token>
+  auto all_to_all_v(const_tensor_view i, std::vector<std::size_t> send_counts,
+                    std::vector<E>& out, op_options o, Token&& token) const {
+    auto bad = check([&] {
+      checks().tensor(i, "all_to_all_v");
+      if (send_counts.size() != static_cast<std::size_t>(size()))
+        invalid("all_to_all_v", "send_counts has " + std::to_string(send_counts.size()) +
+                                    " entries; the group has " + std::to_string(size()) + " ranks");
+      auto total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+      if (total != i.count)
+        invalid("all_to_all_v", "send_counts add up to " + std::to_string(total) +
+                                    " elements; the input has " + std::to_string(i.count));
+    });
+    output_allocator alloc = resizing(out);
+    return collective<std::vector<std::size_t>>(
+        "all_to_all_v", o, bad, std::forward<Token>(token),
+        [i, counts = std::move(send_counts), alloc](Backend& b, const op_context& c) {
+          return b.all_to_all_v(c, i, counts, alloc);
+        });
+  }
+
+  // ------------------------------------------------------------ objects
+
+  // The size, then the payload: two backend broadcasts, two numbers.
+  template <class T, class Token>
+  auto broadcast_object(T& obj, int root, op_options o, Token&& token) const {
+    auto bad = check([&] { checks().rank_in_range(root, "broadcast_object", "root"); });
+    auto ctx = context("broadcast_object", o, bad);
+    auto data_seq = bad ? 0 : take_sequence_number(*c_.group_);  // the payload's own call
+    auto payload = rank() == root ? to_bytes(obj) : std::vector<std::uint8_t>{};
+    return launch<void>(c_.rt_, "broadcast_object", std::forward<Token>(token), bad, ctx,
+                        [&obj, root, data_seq, payload = std::move(payload)](
+                            Backend& b, const op_context& c) mutable -> task<void> {
+                          auto size = static_cast<std::int64_t>(payload.size());
+                          tensor_view size_view = mutable_view(std::span<std::int64_t>(&size, 1));
+                          co_await b.broadcast(c, size_view, root);
+                          payload.resize(static_cast<std::size_t>(size));
+                          op_context data = c;
+                          data.seq = data_seq;
+                          tensor_view payload_view = mutable_view(payload);
+                          co_await b.broadcast(data, payload_view, root);
+                          obj = from_bytes<T>(payload.data(), payload.size(), "broadcast_object");
+                        });
+  }
+
+  template <class T, class Token>
+  auto all_gather_object(const T& obj, op_options o, Token&& token) const {
+    std::exception_ptr bad;
+    return collective<std::vector<T>>(
+        "all_gather_object", o, bad, std::forward<Token>(token),
+        [bytes = to_bytes(obj)](Backend& b, const op_context& c) -> task<std::vector<T>> {
+          std::vector<std::uint8_t> all;
+          const_tensor_view mine = view(bytes);
+          output_allocator alloc = resizing(all);
+          auto counts = co_await b.all_gather_v(c, mine, alloc);
+          std::vector<T> out;
+          std::size_t at = 0;
+          for (auto n : counts) {
+            out.push_back(from_bytes<T>(all.data() + at, n, "all_gather_object"));
+            at += n;
+          }
+          co_return out;
+        });
+  }
+
+  // ------------------------------------------------------------- groups
+
+  std::optional<comm> new_group(std::vector<int> members) const {
+    std::sort(members.begin(), members.end());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      checks().rank_in_range(members[i], "new_group", "member");
+      if (i > 0 && members[i] == members[i - 1])
+        invalid("new_group", "rank " + std::to_string(members[i]) + " is listed twice");
+    }
+    if (members.empty()) invalid("new_group", "a group needs at least one rank");
+    const auto id = new_group_id(c_.group_->id, next_child_index(*c_.group_), members);
+    std::vector<int> global;
+    for (int m : members) global.push_back(c_.global_rank(m));
+    auto me = std::find(members.begin(), members.end(), rank());
+    std::shared_ptr<group_state> child;
+    if (me != members.end())
+      child = make_group_state(id, std::move(global), static_cast<int>(me - members.begin()));
+    c_.rt_->backend->group_created(c_.group_, child, 0, child ? child->rank : 0);
+    if (!child) return std::nullopt;
+    return comm(c_.rt_, c_.owner_, std::move(child));
+  }
+
+  template <class Token>
+  auto split(int color, int key, op_options o, Token&& token) const {
+    std::exception_ptr bad;
+    auto ctx = context("split", o, bad);
+    const std::uint64_t index = bad ? 0 : next_child_index(*c_.group_);
+    std::array<std::int64_t, 2> mine{color, key};
+    return launch<std::optional<comm>>(
+        c_.rt_, "split", std::forward<Token>(token), bad, ctx,
+        [self = c_, mine, index](Backend& b, const op_context& c) -> task<std::optional<comm>> {
+          std::vector<std::int64_t> all(2 * static_cast<std::size_t>(self.size()));
+          // Named, not temporaries in the co_await: g++ 12 destroys those twice.
+          const_tensor_view in = view(mine);
+          tensor_view out = mutable_view(all);
+          co_await b.all_gather(c, in, out);
+          co_return comm_ops(self).join_split(mine, all, index);
+        });
+  }
+
+ private:
+  // What every member learnt from split's all_gather: each rank's (color,
+  // key); this rank's group, made in the same order everywhere.
+  std::optional<comm> join_split(std::array<std::int64_t, 2> mine,
+                                 const std::vector<std::int64_t>& all,
+                                 std::uint64_t index) const {
+    if (mine[0] < 0) {
+      c_.rt_->backend->group_created(c_.group_, nullptr, -1, 0);
+      return std::nullopt;
+    }
+    std::vector<std::pair<std::int64_t, int>> members;  // (key, group rank)
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * static_cast<std::size_t>(r)] == mine[0])
+        members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+    std::sort(members.begin(), members.end());
+    const auto id = split_group_id(c_.group_->id, index, mine[0]);
+    std::vector<int> global;
+    int my_rank = 0;
+    for (auto& [k, r] : members) {
+      if (r == rank()) my_rank = static_cast<int>(global.size());
+      global.push_back(c_.global_rank(r));
+    }
+    auto child = make_group_state(id, std::move(global), my_rank);
+    c_.rt_->backend->group_created(c_.group_, child, static_cast<int>(mine[0]), my_rank);
+    return comm(c_.rt_, c_.owner_, std::move(child));
+  }
+
+  int rank() const { return c_.group_->rank; }
+  int size() const { return c_.group_->size(); }
+  call_checks<Backend> checks() const { return {*c_.group_, *c_.rt_->backend}; }
+  op_options options(const op_options& o) const { return effective_options(o, c_.defaults_); }
+
+  // A collective's context: its options checked (unless its input already
+  // was refused: `bad`), then numbered if accepted (impl/call_identity.hpp).
+  op_context context(const char* operation, op_options o, std::exception_ptr& bad) const {
+    o = options(o);
+    if (!bad) bad = check([&] { check_options<Backend>(operation, o); });
+    return collective_context(c_.group_, o, bad != nullptr);
+  }
+  template <class R, class Token, class F>
+  auto collective(const char* operation, const op_options& o, std::exception_ptr bad,
+                  Token&& token, F f) const {
+    auto ctx = context(operation, o, bad);
+    return launch<R>(c_.rt_, operation, std::forward<Token>(token), bad, std::move(ctx),
+                     std::move(f));
+  }
+
+  // A reduction: its operator checked (at compile time where the element
+  // type is known), then like any collective, with the reducer built in the
+  // operation's own frame.
+  template <class E, class Op, class Token, class F>
+  auto with_reducer(const char* operation, const Op& op, dtype type, std::exception_ptr bad,
+                    const op_options& o, Token&& token, F f) const {
+    check_reduction_statically<E, Backend, Op>();
+    if (!bad)
+      bad = check([&] {
+        if constexpr (std::is_void_v<E>) check_reduce_op(reduce_kind_of_v<Op>, type);
+      });
+    return collective<void>(operation, o, bad, std::forward<Token>(token),
+                            [op, type, f](Backend& b, const op_context& c) {
+                              return run_reduction<E>(b, c, op, type, f);
+                            });
+  }
+
+  // The _v forms' output: resized to the total once the counts are known.
+  template <class E>
+  static output_allocator resizing(std::vector<E>& out) {
+    return [&out](std::span<const std::size_t> counts) {
+      out.resize(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
+      return mutable_view(out);
+    };
+  }
+
+  std::shared_ptr<group_state> make_group_state(std::uint64_t id, std::vector<int> global,
+                                                int my_rank) const {
+    auto g = std::make_shared<group_state>();
+    g->id = id;
+    g->ranks = std::move(global);
+    g->rank = my_rank;
+    g->timeout = c_.group_->timeout;
+    g->name = "group " + format_ranks(g->ranks);
+    return g;
+  }
+
+  const comm& c_;
+};
+
+}  // namespace dcomm::detail

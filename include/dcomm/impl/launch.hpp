@@ -1,0 +1,126 @@
+// How a communicator operation is started once its arguments are checked
+// and its identity taken (impl/call_identity.hpp): the backend's coroutine
+// runs on the backend's executor, kept alive by the runtime it holds, and
+// completes through the caller's token, or as a dcomm::request. A refused
+// call runs no backend code: it completes with its refusal the same way.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <future>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/completion.hpp"
+#include "dcomm/reduce_op.hpp"
+#include "dcomm/request.hpp"
+
+namespace dcomm {
+class store;
+}  // namespace dcomm
+
+namespace dcomm::detail {
+
+// What every handle of every group made from one init_process_group shares.
+template <backend Backend>
+struct comm_runtime {
+  std::shared_ptr<Backend> backend;
+  std::shared_ptr<io_thread> thread;  // when the backend runs on our own thread
+  std::shared_ptr<store> rendezvous_store;
+};
+
+// Closes the connections when the last handle of every group is gone.
+template <backend Backend>
+struct comm_closer {
+  std::shared_ptr<comm_runtime<Backend>> rt;
+  ~comm_closer() {
+    auto done = std::make_shared<std::promise<void>>();
+    auto future = done->get_future();
+    rt->backend->close([done] { done->set_value(); });
+    // Our own io thread: let the close finish (links flushed and closed,
+    // bounded by the backend) before the thread and its context stop.
+    if (rt->thread && !detail::running_in_this_thread(rt->backend->get_executor()))
+      future.wait_for(std::chrono::seconds(5));
+  }
+};
+
+// Keeps the runtime (and so the backend) alive while the operation runs.
+template <class R, backend Backend, class F>
+task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, F f) {
+  co_return co_await f(*rt->backend, ctx);
+}
+
+template <class R>
+task<R> refuse_any(std::exception_ptr e) {
+  if constexpr (std::is_void_v<R>) {
+    std::rethrow_exception(e);
+    co_return;
+  } else {
+    std::rethrow_exception(e);
+    co_return R{};
+  }
+}
+
+template <backend Backend, class F>
+request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
+                      std::exception_ptr bad, op_context ctx, F f) {
+  const auto deadline = ctx.deadline;
+  auto op = bad ? refuse_any<void>(bad) : hold<void>(rt, std::move(ctx), std::move(f));
+  return request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
+}
+
+template <class R, backend Backend, class Token, class F>
+auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
+                 Token&& token, std::exception_ptr bad, op_context ctx, F f) {
+  auto limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
+  auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), std::move(f));
+  return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),
+                          operation, limit);
+}
+
+// Starts f(backend, ctx) (a coroutine returning task<R>), or completes with
+// `bad`, through the token: a completion token, or dcomm::as_request.
+template <class R, backend Backend, class Token, class F>
+auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
+            Token&& token, std::exception_ptr bad, op_context ctx, F f) {
+  if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
+    static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
+    return start_request(rt, operation, bad, std::move(ctx), std::move(f));
+  } else {
+    return initiate_op<R>(rt, operation, std::forward<Token>(token), bad, std::move(ctx),
+                          std::move(f));
+  }
+}
+
+// Builds the reducer where the functor lives (this coroutine's frame) and
+// runs f(backend, ctx, reducer).
+template <class E, backend Backend, class Op, class F>
+task<void> run_reduction(Backend& b, op_context c, Op op, dtype type, F f) {
+  reducer r;
+  if constexpr (std::is_void_v<E>)
+    r = make_reducer(op, type);  // refers to `op`, alive in this frame
+  else
+    r = make_reducer<E>(op);  // refers to `op`, alive in this frame
+  co_await f(b, c, r);
+}
+
+// The compile-time half of a reduction's checks: what the backend and the
+// element type allow.
+template <class E, backend Backend, class Op>
+void check_reduction_statically() {
+  static_assert(reduce_kind_of_v<Op> != reduce_kind::custom || Backend::supports_custom_reduce,
+                "dcomm: this backend does not support custom reduce functors");
+  static_assert(!detail::is_bitwise(reduce_kind_of_v<Op>) || Backend::supports_bitwise_reduce,
+                "dcomm: this backend does not support bitwise reduce ops");
+  if constexpr (std::is_void_v<E>) {
+    static_assert(reduce_kind_of_v<Op> != reduce_kind::custom,
+                  "dcomm: a custom reduce functor needs a tensor whose element type is known at "
+                  "compile time");
+  } else {
+    check_reduce_op<E, Op>();
+  }
+}
+
+}  // namespace dcomm::detail

@@ -1,0 +1,228 @@
+// init_process_group: joins a job (an init_method, or a store the caller
+// already has), connects every rank, and returns the world communicator.
+// On its own so that a user of communicator.hpp (gradient_bucketer.hpp, a
+// library taking a communicator) does not compile the stores, the
+// init_method parser and the rendezvous.
+//
+//   auto comm = dcomm::init_process_group<dcomm::tcp_backend>(
+//       {.init_method = "env://", .timeout = 30s});
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/communicator.hpp"
+#include "dcomm/completion.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/init_method.hpp"
+#include "dcomm/rendezvous.hpp"
+#include "dcomm/store/store.hpp"
+#include "dcomm/store/tcp_store.hpp"
+
+namespace dcomm {
+
+// init_process_group's arguments, torch's names where they exist.
+template <class Backend>
+struct init_options {
+  std::string init_method = "env://";
+  std::optional<int> rank{};
+  std::optional<int> world_size{};
+  // Rendezvous and the default deadline of every operation.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::string job_token = detail::job_token_from_environment();
+  // Where rank 0's store server listens; empty: every interface.
+  std::string store_bind_host = "";
+  typename Backend::options backend{};
+  env_lookup env = process_environment();
+};
+
+namespace detail {
+
+// Closes a backend that start-up made but will not hand over, and waits
+// (a second at most) for it to say goodbye on its links.
+template <backend Backend>
+asio::awaitable<void> close_unused(std::shared_ptr<Backend> backend) {
+  auto done = std::make_shared<bool>(false);
+  auto timer = std::make_shared<asio::steady_timer>(co_await asio::this_coro::executor,
+                                                    std::chrono::seconds(1));
+  backend->close([done, timer] {
+    *done = true;
+    timer->cancel();
+  });
+  asio::error_code ignored;
+  if (!*done) co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+}
+
+// Rank 0 waits until every rank has its connections (rank 0 serves the tcp
+// store: nobody may lose it halfway through). A rank whose link closes
+// meanwhile died in start-up: that fails it at once, naming the rank.
+template <backend Backend>
+asio::awaitable<void> wait_connected(store& s, Backend& backend, int rank, int world,
+                                     detail::clock::time_point deadline) {
+  std::vector<std::string> keys;
+  for (int r = 1; r < world; ++r) keys.push_back("dcomm/pg/connected/" + std::to_string(r));
+  for (;;) {
+    bool waiting = false;
+    try {
+      if (!keys.empty())
+        co_await s.wait(keys, std::min<std::chrono::milliseconds>(time_left(deadline),
+                                                                  std::chrono::milliseconds(100)));
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+      waiting = true;
+    }
+    if (!waiting) co_return;
+    std::vector<int> lost;
+    if constexpr (requires { backend.lost_peers(); }) lost = backend.lost_peers();
+    if (!lost.empty())
+      throw_error(errc::peer_lost,
+                  {.operation = "init_process_group",
+                   .rank = rank,
+                   .peers = (lost.size() == 1 ? "rank " + std::to_string(lost.front())
+                                              : "ranks " + format_ranks(lost)),
+                   .address = s.address(),
+                   .detail = "connected, then lost during start-up (died?)"});
+    if (detail::clock::now() < deadline) continue;
+    std::vector<int> missing;
+    for (int r = 1; r < world; ++r) {
+      // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
+      std::vector<std::string> one(1, keys[static_cast<std::size_t>(r - 1)]);
+      if (!co_await s.check(one)) missing.push_back(r);
+    }
+    throw_error(errc::timeout, {.operation = "init_process_group",
+                                .rank = rank,
+                                .peers = "ranks " + format_ranks(missing),
+                                .address = s.address(),
+                                .detail = "these ranks did not finish start-up by the deadline "
+                                          "(did they die, or stop?)"});
+  }
+}
+
+template <backend Backend>
+asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, int rank, int world,
+                                                     std::string store_host,
+                                                     init_options<Backend> o,
+                                                     std::shared_ptr<io_thread> thread) {
+  const auto deadline = detail::clock::now() + o.timeout;
+  auto backend =
+      co_await Backend::create(s, rank, world, o.job_token, store_host, o.backend, deadline);
+  std::exception_ptr failure;
+  try {
+    if (rank != 0)
+      co_await s->set("dcomm/pg/connected/" + std::to_string(rank), "1");
+    else
+      co_await wait_connected(*s, *backend, rank, world, deadline);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    co_await close_unused(backend);
+    std::rethrow_exception(failure);
+  }
+  auto rt = std::make_shared<detail::comm_runtime<Backend>>();
+  rt->backend = std::move(backend);
+  rt->thread = std::move(thread);
+  rt->rendezvous_store = std::move(s);
+  co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
+}
+
+// Both entry points end in rethrow_as_dcomm_error: every failure is fixed
+// at its source to be a dcomm::error with context, and a raw
+// std::system_error that still gets this far (a socket error on a path
+// nobody foresaw) leaves as a dcomm::error naming the rank and the address,
+// its original message kept.
+template <backend Backend>
+asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
+                                                        std::shared_ptr<io_thread> thread) {
+  auto ex = co_await asio::this_coro::executor;
+  error_context where{.operation = "init_process_group", .rank = o.rank, .address = o.init_method};
+  std::exception_ptr failure;
+  std::shared_ptr<store> joined;
+  try {
+    rendezvous_options ro{.init_method = o.init_method,
+                          .rank = o.rank,
+                          .world_size = o.world_size,
+                          .timeout = o.timeout,
+                          .job_token = o.job_token,
+                          .bind_host = o.store_bind_host,
+                          .env = o.env};
+    auto world = co_await rendezvous(ex, std::move(ro), asio::use_awaitable);
+    where.rank = world.rank;
+    where.address = world.spec.address();
+    joined = world.store;
+    co_return co_await connect_world<Backend>(world.store, world.rank, world.world_size,
+                                              world.spec.host, std::move(o), std::move(thread));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  failure = as_dcomm_error(failure, std::move(where));
+  // Rank 0 hosts the store: the others learn why it leaves (leave_store).
+  if (joined) co_await leave_store(joined, failure);
+  std::rethrow_exception(failure);
+}
+
+template <backend Backend>
+asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s, int rank,
+                                                       int world, init_options<Backend> o,
+                                                       std::shared_ptr<io_thread> thread) {
+  error_context where{.operation = "init_process_group", .rank = rank, .address = s->address()};
+  std::exception_ptr failure;
+  try {
+    rendezvous_options ro{.timeout = o.timeout, .job_token = o.job_token};
+    co_await rendezvous(s, rank, world, std::move(ro), asio::use_awaitable);
+    co_return co_await connect_world<Backend>(std::move(s), rank, world, "", std::move(o),
+                                              std::move(thread));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  rethrow_as_dcomm_error(failure, std::move(where));
+}
+
+}  // namespace detail
+
+// Joins the job named by o.init_method and connects to every rank. The
+// backend runs on a strand of `executor`.
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto init_process_group(asio::any_io_executor executor, init_options<Backend> o,
+                        Token&& token = {}) {
+  asio::any_io_executor strand = detail::serial_executor(executor);
+  auto limit = o.timeout * 2 + detail::blocking_grace;
+  return detail::initiate(strand, detail::init_from_method<Backend>(std::move(o), nullptr),
+                          std::forward<Token>(token), "init_process_group", limit);
+}
+
+// The blocking form for plain code: the backend gets an io thread of its own.
+template <backend Backend>
+communicator<Backend> init_process_group(init_options<Backend> o) {
+  auto thread = std::make_shared<detail::io_thread>();
+  auto limit = o.timeout * 2 + detail::blocking_grace;
+  return detail::initiate(thread->get_executor(),
+                          detail::init_from_method<Backend>(std::move(o), thread), blocking,
+                          "init_process_group", limit);
+}
+
+// Over a store the caller already has (torch's init_process_group(store=)):
+// thread worlds share a hash_store this way. Runs the rendezvous protocol.
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto init_process_group(asio::any_io_executor executor, std::shared_ptr<store> s, int rank,
+                        int world_size, init_options<Backend> o, Token&& token = {}) {
+  if (world_size <= 0 || rank < 0 || rank >= world_size)
+    throw_error(errc::invalid_argument, {.operation = "init_process_group",
+                                         .expected = "0 <= rank < world_size",
+                                         .seen = "rank " + std::to_string(rank) + ", world size " +
+                                                 std::to_string(world_size)});
+  asio::any_io_executor strand = detail::serial_executor(executor);
+  auto limit = o.timeout * 2 + detail::blocking_grace;
+  return detail::initiate(
+      strand,
+      detail::init_from_store<Backend>(std::move(s), rank, world_size, std::move(o), nullptr),
+      std::forward<Token>(token), "init_process_group", limit);
+}
+
+}  // namespace dcomm
