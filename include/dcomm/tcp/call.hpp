@@ -35,7 +35,9 @@ inline int mod(int a, int n) {
   return ((a % n) + n) % n;
 }
 
-// The rule that makes a collective match across ranks. Every message of a
+// The rule that makes a collective match across ranks (the identity it
+// relies on, (group id, sequence number, step) plus signature, is stated in
+// impl/call_identity.hpp). Every message of a
 // call carries its signature (op, dtype, count, reduce op, root, algorithm,
 // slices) and its key (group, sequence number, step); a receiver fails the
 // call with errc::mismatch when a message of the same group and sequence

@@ -43,7 +43,9 @@ inline const char* name(coll_op op) {
 }
 
 // What a collective was called with. Every message carries the sender's, so
-// ranks that disagree fail with errc::mismatch instead of mixing data.
+// ranks that disagree fail with errc::mismatch instead of mixing data. (The
+// whole of a call's identity, group id, sequence number, step and this
+// signature, is stated in impl/call_identity.hpp.)
 struct call_signature {
   coll_op op = coll_op::p2p;
   dtype type = dtype::uint8;
