@@ -668,3 +668,64 @@ TEST_CASE("init_process_group: a peer that resets connections is a dcomm::error 
   });
   for (const auto& r : results) CHECK_MESSAGE(r.ok(), dcomm::test::describe(results));
 }
+
+TEST_CASE("tcp mesh: a peer that left start-up and refuses us is not blamed: the cause it left for is") {
+  DCOMM_TEST_DEADLINE(60s);
+  // Rank 0 hosts the store. Rank 1 connects to rank 0 and dies; rank 0 fails
+  // start-up blaming rank 1 (its acceptor closes) and, 400 ms later, leaves
+  // the store with that cause. Rank 2 comes in between: it reads rank 0's
+  // address while the store is up, then rank 0 refuses it. Rank 2 must name
+  // rank 1, as rank 0 does, not rank 0 (the chaos test's rare wrong blame).
+  const dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
+  std::atomic<std::uint16_t> port{0};
+  std::atomic<bool> zero_failed{false};
+  outcome zero, two;
+  std::jthread rank0([&] {
+    zero = timed([&] {
+      asio::io_context ctx;
+      auto s = dcomm::tcp_store::create(
+          ctx.get_executor(), {.is_server = true, .timeout = 10s, .rank = 0, .server_rank = 0});
+      port = s->port();
+      std::optional<dcomm::error> why;
+      dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
+        try {
+          co_await dcomm::tcp::connect_mesh(s, 0, 3, options, std::chrono::steady_clock::now() + 20s);
+        } catch (const dcomm::error& e) {
+          why.emplace(e);
+        }
+        if (!why) co_return;
+        zero_failed = true;
+        asio::steady_timer pause(ctx, 400ms);
+        co_await pause.async_wait(asio::use_awaitable);
+        co_await s->leave(*why);
+      }());
+      if (why) throw *why;
+    });
+  });
+  while (port == 0 && !zero.ran) std::this_thread::sleep_for(1ms);
+  std::jthread rank1([&] {
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(
+        ctx.get_executor(), {.port = port, .timeout = 10s, .rank = 1, .server_rank = 0});
+    asio::co_spawn(ctx, dcomm::tcp::connect_mesh(s, 1, 3, options, std::chrono::steady_clock::now() + 20s),
+                   asio::detached);
+    ctx.run_for(500ms);  // connected to rank 0, waiting for rank 2: then "dies"
+  });                    // (the context goes, its sockets close)
+  rank1.join();
+  while (!zero_failed && !zero.ran) std::this_thread::sleep_for(1ms);
+  two = timed([&] {
+    asio::io_context ctx;
+    auto s = dcomm::tcp_store::create(
+        ctx.get_executor(), {.port = port, .timeout = 10s, .rank = 2, .server_rank = 0});
+    dcomm::sync_wait(ctx, dcomm::tcp::connect_mesh(s, 2, 3, options,
+                                                   std::chrono::steady_clock::now() + 5s));
+  });
+  rank0.join();
+  INFO("rank 0: " << zero.error << "\nrank 2: " << two.error);
+  REQUIRE(zero.code == errc::peer_lost);
+  CHECK(contains(zero.error, "rank 1"));
+  REQUIRE(two.code == errc::peer_lost);
+  CHECK(contains(two.error, "rank 1"));
+  CHECK_FALSE(contains(two.error, "peers rank 0"));
+  CHECK(two.took < 4s);
+}

@@ -85,6 +85,41 @@ inline std::pair<std::string, std::uint16_t> parse_address(const std::string& wh
   return {where.substr(0, space), static_cast<std::uint16_t>(port)};
 }
 
+// Rank `peer`'s mesh address, read from the store. A store that failed
+// blames whom it names (its host's notice: the cause the host left for).
+inline asio::awaitable<std::string> read_address(std::shared_ptr<store> s, int rank, int peer,
+                                                 const std::string& key,
+                                                 detail::clock::time_point deadline) {
+  std::exception_ptr failure;
+  try {
+    co_return co_await s->get(key, detail::time_left(deadline));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  try {
+    detail::rethrow_as_dcomm_error(failure, {});
+  } catch (const dcomm::error& e) {
+    bool late = e.code() == errc::timeout;
+    throw error(e.code(),
+                {.operation = "tcp mesh",
+                 .rank = rank,
+                 .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
+                                                            : e.context().peers,
+                 .key = key,
+                 .address = e.context().address,
+                 .detail = late ? "rank " + std::to_string(peer) +
+                                      " did not publish its mesh address by the deadline"
+                                : std::string("reading the address: ") + e.what()});
+  }
+  co_return std::string{};  // not reached: the block above always throws
+}
+
+// How long one round of connection attempts lasts before the store is asked
+// again: a peer that refuses after publishing its address has left start-up,
+// often because of another rank; when it hosts the store, its clients hear
+// the cause it left for (its notice), and that names the culprit.
+inline constexpr auto store_recheck_interval = std::chrono::milliseconds(250);
+
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
 inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store> s, int rank,
@@ -93,47 +128,32 @@ inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store>
                                                           detail::clock::time_point deadline) {
   auto executor = co_await asio::this_coro::executor;
   const std::string key = options.key_prefix + "/addr/" + std::to_string(peer);
-  std::string where;
+  std::string where = co_await read_address(s, rank, peer, key, deadline);
   std::exception_ptr failure;
-  try {
-    where = co_await s->get(key, detail::time_left(deadline));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  if (failure) {
-    try {
-      detail::rethrow_as_dcomm_error(failure, {});
-    } catch (const dcomm::error& e) {
-      bool late = e.code() == errc::timeout;
-      // The store's own failure (its host lost) blames whom the store names.
-      throw error(e.code(),
-                  {.operation = "tcp mesh",
-                   .rank = rank,
-                   .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
-                                                              : e.context().peers,
-                   .key = key,
-                   .address = e.context().address,
-                   .detail = late ? "rank " + std::to_string(peer) +
-                                        " did not publish its mesh address by the "
-                                        "deadline"
-                                  : std::string("reading the address: ") + e.what()});
-    }
-  }
   auto [host, port] = parse_address(where, rank, key);
   const std::string address = detail::tcp_address(host, port);
 
   auto backoff = std::chrono::milliseconds(10);
   for (int attempt = 1;; ++attempt) {
-    bool broken = false;
+    bool broken = false, unreachable = false;
     try {
-      auto socket = co_await detail::connect_with_retry(host, port, deadline, "tcp mesh");
+      const auto round_end = std::min(deadline, detail::clock::now() + store_recheck_interval);
+      auto socket = co_await detail::connect_with_retry(host, port, round_end, "tcp mesh");
       co_await client_handshake(socket, config, address, deadline);
       co_return socket;
     } catch (const dcomm::error& e) {
       failure = std::current_exception();
       broken = e.code() == errc::peer_lost;
+      unreachable = e.code() == errc::connect_failed;
     } catch (...) {
       failure = std::current_exception();
+    }
+    if (unreachable && detail::clock::now() < deadline) {
+      // Not listening (yet, or any more): ask the store, which fails naming
+      // the cause if its host left start-up, and try again.
+      co_await read_address(s, rank, peer, key, deadline);
+      --attempt;
+      continue;
     }
     // A refusal, a stranger's server, the deadline: final. A reset or an
     // end of file: the peer may have been busy or dropped us; try again.
