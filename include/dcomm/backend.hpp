@@ -2,7 +2,9 @@
 // runs on, its deadline and algorithm choice, and the reduction as a
 // type-erased kernel. The Backend concept says which operations a backend
 // model provides; a capability it lacks is a compile error in communicator,
-// never a run-time "unsupported".
+// never a run-time "unsupported". Everything a backend's author needs is
+// named here in namespace dcomm (task, use_task, op_context, ...): a backend
+// can be written from this header without reaching into dcomm::detail.
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,33 @@
 struct CUstream_st;
 
 namespace dcomm {
+
+// The coroutine type a backend's operations return: task<void>, or
+// task<std::vector<std::size_t>> for the _v collectives. Its frames come
+// from per-thread pools, so an operation allocates nothing once warm (an
+// asio::awaitable frame per call would). It starts when awaited, passes
+// results and exceptions through co_await, and can await other tasks:
+//
+//   dcomm::task<void> my_backend::send(dcomm::op_context c, dcomm::const_tensor_view in,
+//                                      int peer) {
+//     auto [ec, n] = co_await asio::async_write(
+//         socket_of(peer), asio::buffer(in.data, in.bytes()), dcomm::use_task);
+//     if (ec) dcomm::throw_error(dcomm::errc::peer_lost, {.operation = "send"});
+//     co_await wait_for_ack(c, peer);  // another dcomm::task, bounded by c.deadline
+//   }
+//
+// Arguments and locals of a task live in its frame until it ends. A
+// failure is an exception (a dcomm::error naming the operation and peers);
+// past c.deadline an operation fails with errc::timeout.
+template <class T = void>
+using task = detail::task<T>;
+
+// The completion token that awaits an Asio operation inside a task. It
+// completes with the operation's arguments as a tuple, error codes
+// included: nothing is thrown for them. The task resumes on the I/O
+// object's executor.
+using use_task_t = detail::use_task_t;
+using detail::use_task;
 
 // Which algorithm a collective uses; automatic picks by size and world.
 // Not every algorithm exists for every operation (docs/communicator.md).
@@ -153,9 +182,12 @@ struct group_state {
 
 // One operation as the front end hands it over.
 struct op_context {
+  // The clock deadlines are measured on (std::chrono::steady_clock).
+  using clock = detail::clock;
+
   std::shared_ptr<group_state> group{};
   std::uint64_t seq = 0;  // collectives: the group's sequence number; p2p: the tag
-  detail::clock::time_point deadline{};
+  clock::time_point deadline{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
   CUstream_st* stream = nullptr;  // op_options::stream
 };
@@ -165,8 +197,19 @@ struct op_context {
 using output_allocator = std::function<tensor_view(std::span<const std::size_t>)>;
 
 // What communicator<Backend> needs from a backend. Every operation is a
-// coroutine on the backend's executor (a detail::task: pooled frames, no
-// allocation per operation); views are already validated.
+// coroutine on the backend's executor (a dcomm::task: pooled frames, no
+// allocation per operation); views are already validated. The concept
+// names only public types.
+//
+// init_process_group also calls, to make one (not part of the concept, so
+// that a backend made some other way can still be driven by communicator):
+//   static asio::awaitable<std::shared_ptr<B>> create(
+//       std::shared_ptr<dcomm::store> s, int rank, int world_size,
+//       std::string job_token, std::string store_host, B::options o,
+//       op_context::clock::time_point deadline);
+// awaited on the strand the backend must then stay on; and, if B has it,
+// std::vector<int> lost_peers() (ranks whose links were lost during
+// start-up), to name a rank that died before the job began.
 template <class B>
 concept backend = requires {
   typename B::options;
@@ -199,19 +242,19 @@ concept backend = requires {
   // thread; backends that need a collective to make the group (NCCL's
   // ncclCommSplit) start it here, ordered before the group's first operation.
   {b.group_created(group, group, peer, peer)};
-  { b.send(c, in, peer) } -> std::same_as<detail::task<void>>;
-  { b.recv(c, out, peer) } -> std::same_as<detail::task<void>>;
-  { b.barrier(c) } -> std::same_as<detail::task<void>>;
-  { b.broadcast(c, out, peer) } -> std::same_as<detail::task<void>>;
-  { b.reduce(c, in, out, r, peer) } -> std::same_as<detail::task<void>>;
-  { b.all_reduce(c, in, out, r) } -> std::same_as<detail::task<void>>;
-  { b.scatter(c, in, out, peer) } -> std::same_as<detail::task<void>>;
-  { b.gather(c, in, out, peer) } -> std::same_as<detail::task<void>>;
-  { b.all_gather(c, in, out) } -> std::same_as<detail::task<void>>;
-  { b.reduce_scatter(c, in, out, r) } -> std::same_as<detail::task<void>>;
-  { b.all_to_all(c, in, out) } -> std::same_as<detail::task<void>>;
-  { b.all_gather_v(c, in, alloc) } -> std::same_as<detail::task<std::vector<std::size_t>>>;
-  { b.all_to_all_v(c, in, counts, alloc) } -> std::same_as<detail::task<std::vector<std::size_t>>>;
+  { b.send(c, in, peer) } -> std::same_as<task<void>>;
+  { b.recv(c, out, peer) } -> std::same_as<task<void>>;
+  { b.barrier(c) } -> std::same_as<task<void>>;
+  { b.broadcast(c, out, peer) } -> std::same_as<task<void>>;
+  { b.reduce(c, in, out, r, peer) } -> std::same_as<task<void>>;
+  { b.all_reduce(c, in, out, r) } -> std::same_as<task<void>>;
+  { b.scatter(c, in, out, peer) } -> std::same_as<task<void>>;
+  { b.gather(c, in, out, peer) } -> std::same_as<task<void>>;
+  { b.all_gather(c, in, out) } -> std::same_as<task<void>>;
+  { b.reduce_scatter(c, in, out, r) } -> std::same_as<task<void>>;
+  { b.all_to_all(c, in, out) } -> std::same_as<task<void>>;
+  { b.all_gather_v(c, in, alloc) } -> std::same_as<task<std::vector<std::size_t>>>;
+  { b.all_to_all_v(c, in, counts, alloc) } -> std::same_as<task<std::vector<std::size_t>>>;
 };
 
 }  // namespace dcomm

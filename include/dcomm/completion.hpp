@@ -176,6 +176,56 @@ class task_completer {
   Handler handler_;
 };
 
+// Whether a handler's associated executor fits in an any_io_executor.
+// asio::use_future's does not: its promise_executor lacks the properties
+// any_io_executor requires (context, outstanding work), so task_completer
+// above cannot hold it.
+template <typename Handler>
+inline constexpr bool has_io_executor_v =
+    std::is_constructible_v<asio::any_io_executor,
+                            asio::associated_executor_t<Handler, asio::any_io_executor>>;
+
+// The completer for such a handler, done as Asio's own operations do it
+// (handler_work): the operation's executor counts the pending work, and
+// the completion, posted there, is dispatched to the handler's executor.
+// For use_future that dispatch sets the promise at once, on the
+// operation's thread: not asio::post, which would run it on Asio's global
+// system_context thread pool (threads that do not survive fork(); see
+// promise_handler).
+template <typename T, typename Handler>
+class foreign_task_completer {
+ public:
+  foreign_task_completer(Handler h, const asio::any_io_executor& ex)
+      : work_(asio::prefer(ex, asio::execution::outstanding_work.tracked)),
+        handler_ex_(asio::prefer(asio::get_associated_executor(h, ex),
+                                 asio::execution::outstanding_work.tracked)),
+        handler_(std::move(h)) {}
+  void operator()(std::exception_ptr failure) {
+    auto work = std::move(work_);
+    post_pooled(work, [ex = std::move(handler_ex_), h = std::move(handler_), failure]() mutable {
+      asio::dispatch(ex, [h = std::move(h), failure]() mutable { std::move(h)(failure); });
+    });
+  }
+  template <typename V>
+  void operator()(std::exception_ptr failure, std::optional<V> value) {
+    auto work = std::move(work_);
+    post_pooled(work, [ex = std::move(handler_ex_), h = std::move(handler_), failure,
+                       v = std::move(value)]() mutable {
+      asio::dispatch(ex, [h = std::move(h), failure, v = std::move(v)]() mutable {
+        std::move(h)(failure, v ? std::move(*v) : T{});
+      });
+    });
+  }
+
+ private:
+  using handler_executor = std::decay_t<decltype(asio::prefer(
+      std::declval<asio::associated_executor_t<Handler, asio::any_io_executor>>(),
+      asio::execution::outstanding_work.tracked))>;
+  asio::any_io_executor work_;
+  handler_executor handler_ex_;
+  Handler handler_;
+};
+
 template <typename T, typename Token>
 auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const char* operation,
               detail::clock::duration limit) {
@@ -184,7 +234,12 @@ auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const 
   } else {
     return asio::async_initiate<Token, typename task_completion<T>::type>(
         [ex](auto handler, task<T> t) {
-          start(ex, std::move(t), task_completer<T, decltype(handler)>(std::move(handler), ex));
+          using handler_type = decltype(handler);
+          if constexpr (has_io_executor_v<handler_type>)
+            start(ex, std::move(t), task_completer<T, handler_type>(std::move(handler), ex));
+          else
+            start(ex, std::move(t),
+                  foreign_task_completer<T, handler_type>(std::move(handler), ex));
         },
         token, std::move(op));
   }

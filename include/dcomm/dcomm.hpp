@@ -25,3 +25,4 @@
 #include "dcomm/store/tcp_store.hpp"
 #include "dcomm/tcp_backend.hpp"
 #include "dcomm/tensor.hpp"
+#include "dcomm/thread_world.hpp"

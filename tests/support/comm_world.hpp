@@ -1,21 +1,21 @@
 // N ranks as threads in this process, each with its own io_context and a
 // communicator<tcp_backend> over real loopback sockets, sharing one
-// hash_store (Gloo's base_test idea). The body is a coroutine per rank.
+// hash_store: dcomm::thread_world (dcomm/thread_world.hpp), with each rank's
+// error as a message. The body is a coroutine per rank.
 #pragma once
 
-#include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/init_process_group.hpp"
-#include "dcomm/store/hash_store.hpp"
 #include "dcomm/tcp_backend.hpp"
+#include "dcomm/thread_world.hpp"
 #include "support/sanitizer.hpp"
 
 namespace dcomm::test {
@@ -26,30 +26,17 @@ using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
 // Runs body on every rank; returns each rank's error message ("" when it
 // succeeded). Operations default to `timeout`.
 // Each rank's backend options from `backend_of(rank)`.
+// The world's own deadline is beyond any test's (DCOMM_TEST_DEADLINE and
+// meson's limits stop a hung test first, naming it).
 inline std::vector<std::string> comm_world(
     int world, const rank_body& body, std::chrono::milliseconds timeout,
     const std::function<tcp_backend::options(int)>& backend_of) {
-  auto table = std::make_shared<hash_store::table>();
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  {
-    std::vector<std::jthread> threads;
-    for (int r = 0; r < world; ++r)
-      threads.emplace_back([&, r] {
-        asio::io_context ctx;
-        try {
-          auto s = hash_store::create(ctx.get_executor(), table);
-          sync_wait(ctx, [&]() -> asio::awaitable<void> {
-            init_options<tcp_backend> o{.timeout = timeout, .job_token = ""};
-            o.backend = backend_of(r);
-            if (o.backend.bind_host.empty()) o.backend.bind_host = "127.0.0.1";
-            auto c = co_await init_process_group<tcp_backend>(ctx.get_executor(), s, r, world, o);
-            co_await body(c, r);
-          }());
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = e.what();
-        }
-      });
-  }
+  thread_world_options<tcp_backend> o{
+      .timeout = timeout, .deadline = std::chrono::minutes(15), .backend_of = backend_of};
+  auto failures = thread_world_failures<tcp_backend>(
+      world, [&](comm& c) { return body(c, c.rank()); }, o);
+  std::vector<std::string> errors;
+  for (auto& f : failures) errors.push_back(f ? detail::message_of(f) : std::string());
   return errors;
 }
 

@@ -14,7 +14,21 @@ namespace dcomm {
 
 class hash_store final : public store {
  public:
-  using table = detail::kv_table;
+  // The memory that the handles of one thread world share: make one, and
+  // give it to every rank's create(). Thread-safe; what it holds is reached
+  // through the handles. (dcomm/thread_world.hpp does this for you.)
+  //   auto shared = std::make_shared<dcomm::hash_store::table>();
+  //   auto mine = dcomm::hash_store::create(my_executor, shared);
+  class table {
+   public:
+    table() = default;
+    table(const table&) = delete;
+    table& operator=(const table&) = delete;
+
+   private:
+    friend class hash_store;
+    detail::kv_table data_;
+  };
 
   // A store with a table of its own. `executor` must not run handlers
   // concurrently (an io_context run by one thread, or a strand).
@@ -38,42 +52,45 @@ class hash_store final : public store {
   std::string address() const override { return "hash_store"; }
 
   asio::awaitable<void> set_impl(std::string key, std::string value) override {
-    table_->set(key, std::move(value));
+    data().set(key, std::move(value));
     co_return;
   }
-  asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key,
+                                        detail::clock::time_point deadline) override {
     // Named, not a braced temporary: g++ 12 miscompiles initializer lists
     // inside co_await expressions ("array used as initializer").
     std::vector<std::string> keys(1, key);
     for (;;) {
       co_await wait_impl(keys, deadline);
-      if (auto value = table_->get(key)) co_return std::move(*value);
+      if (auto value = data().get(key)) co_return std::move(*value);
     }
   }
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
-    co_return table_->add(key, delta);
+    co_return data().add(key, delta);
   }
   asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                 std::string desired) override {
-    co_return table_->compare_set(key, expected, std::move(desired));
+    co_return data().compare_set(key, expected, std::move(desired));
   }
   asio::awaitable<void> wait_impl(std::vector<std::string> keys,
                                   detail::clock::time_point deadline) override {
-    auto missing = co_await table_->wait_for(keys, deadline);
+    auto missing = co_await data().wait_for(keys, deadline);
     if (!missing.empty())
       throw_error(errc::timeout, {.operation = "hash_store.wait",
                                   .key = store_detail::join_keys(missing),
                                   .detail = "keys still missing at the deadline"});
   }
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
-    co_return table_->missing(keys).empty();
+    co_return data().missing(keys).empty();
   }
-  asio::awaitable<bool> delete_key_impl(std::string key) override { co_return table_->erase(key); }
-  asio::awaitable<std::int64_t> num_keys_impl() override { co_return table_->size(); }
+  asio::awaitable<bool> delete_key_impl(std::string key) override { co_return data().erase(key); }
+  asio::awaitable<std::int64_t> num_keys_impl() override { co_return data().size(); }
 
  private:
   hash_store(executor_type executor, std::shared_ptr<table> shared, duration timeout)
       : store(timeout), executor_(std::move(executor)), table_(std::move(shared)) {}
+
+  detail::kv_table& data() const { return table_->data_; }
 
   executor_type executor_;
   std::shared_ptr<table> table_;
