@@ -21,7 +21,7 @@
 //
 // This header is the surface; the machinery is in impl/ (Asio's layout):
 // impl/communicator.hpp (each operation's checks and launch),
-// impl/launch.hpp, impl/checks.hpp and impl/call_identity.hpp.
+// impl/initiate.hpp, impl/checks.hpp and impl/call_identity.hpp.
 #pragma once
 
 #include <chrono>
@@ -40,7 +40,7 @@
 #include "dcomm/error.hpp"
 #include "dcomm/impl/call_identity.hpp"
 #include "dcomm/impl/checks.hpp"
-#include "dcomm/impl/launch.hpp"
+#include "dcomm/impl/initiate.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
 #include "dcomm/tensor.hpp"

@@ -1,7 +1,7 @@
 // dcomm::request, the handle of an operation started at once (isend,
 // irecv, and any operation given the dcomm::as_request token): torch's
 // Work object. The start itself is detail::request_access::start, which
-// the communicator's machinery (impl/launch.hpp) calls.
+// the communicator's machinery (impl/initiate.hpp) calls.
 #pragma once
 
 #include <condition_variable>

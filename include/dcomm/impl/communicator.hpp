@@ -1,7 +1,7 @@
 // The body of every communicator operation (communicator.hpp is its
 // surface): the argument checks (impl/checks.hpp), the call's identity
 // (impl/call_identity.hpp), then the backend's coroutine through
-// impl/launch.hpp. Each operation here takes views: the surface has turned
+// impl/initiate.hpp. Each operation here takes views: the surface has turned
 // the user's tensors into them and checked element types at compile time.
 // Included at the end of communicator.hpp; not meant to be included alone.
 #pragma once
@@ -19,7 +19,7 @@
 #include "dcomm/communicator.hpp"
 #include "dcomm/impl/call_identity.hpp"
 #include "dcomm/impl/checks.hpp"
-#include "dcomm/impl/launch.hpp"
+#include "dcomm/impl/initiate.hpp"
 #include "dcomm/impl/object_bytes.hpp"
 
 namespace dcomm::detail {
