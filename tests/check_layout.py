@@ -8,6 +8,9 @@
    (a line starting with "// Size:").
 4. Every collective of the TCP backend's tuning table has its algorithm in
    tcp/algorithms/<op>.hpp (the _v forms beside their base op).
+5. A user of communicator.hpp or gradient_bucketer.hpp compiles no store,
+   rendezvous, init_method or backend: LEAN says what each may not reach,
+   through any chain of includes.
 
 Run from anywhere: check_layout.py <repository root>. Prints each breach
 and exits 1 if there is one.
@@ -42,6 +45,28 @@ COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/store/', 'dcomm/launch/', 'dco
 # Component -> components whose headers it may include (the mesh finds its
 # peers through the store).
 ALLOWED_CROSSINGS = {'dcomm/tcp/': ['dcomm/store/store.hpp']}
+
+
+LEAN = {
+    'dcomm/communicator.hpp': ['dcomm/store/', 'dcomm/rendezvous.hpp', 'dcomm/init_method.hpp',
+                               'dcomm/init/', 'dcomm/tcp/', 'dcomm/nccl/', 'dcomm/launch/'],
+}
+LEAN['dcomm/gradient_bucketer.hpp'] = LEAN['dcomm/communicator.hpp']
+
+
+def includes_of(inc, header):
+    return re.findall(r'^#include\s+[<"](dcomm/[^">]+)[">]', (inc / header).read_text(), re.M)
+
+
+def reach(inc, header):
+    seen, todo = set(), [header]
+    while todo:
+        h = todo.pop()
+        for t in includes_of(inc, h):
+            if t not in seen and (inc / t).exists():
+                seen.add(t)
+                todo.append(t)
+    return seen
 
 
 def floor_of(path):
@@ -83,6 +108,10 @@ def main(root):
         base = re.sub(r'_v$', '', op)
         if not (inc / f'dcomm/tcp/algorithms/{base}.hpp').exists():
             breaches.append(f'tcp collective {op}: no tcp/algorithms/{base}.hpp')
+    for header, banned in LEAN.items():
+        for t in sorted(reach(inc, header)):
+            if any(t == b or (b.endswith('/') and t.startswith(b)) for b in banned):
+                breaches.append(f'{header} reaches {t}: its users would compile it')
     for b in breaches:
         print('layout:', b)
     print(f'{len(headers)} headers checked, {len(breaches)} breaches')
