@@ -350,8 +350,7 @@ class communicator {
                     op_options o, Token&& token = {}) const {
     static_assert(std::is_same_v<element_t<In>, E>,
                   "dcomm: all_to_all_v: the output vector's element type must be the input's");
-    return ops().all_to_all_v(view(in), std::move(send_counts), out, o,
-                              std::forward<Token>(token));
+    return ops().all_to_all_v(view(in), std::move(send_counts), out, o, std::forward<Token>(token));
   }
 
   // ------------------------------------------------------------ objects

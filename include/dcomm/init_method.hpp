@@ -39,10 +39,10 @@ inline init_spec parse_init_method(std::string_view url, std::optional<int> rank
     spec.kind = init_kind::tcp;
     if (!parts.has_authority)
       init::throw_init_error(url, "init_method", "tcp://host:port", init::in_quotes(url),
-                               "write two slashes after tcp:");
+                             "write two slashes after tcp:");
     if (!parts.path.empty() && parts.path != "/")
       init::throw_init_error(url, "init_method", "tcp://host:port with no path",
-                               init::in_quotes(parts.path), "remove the path after the port");
+                             init::in_quotes(parts.path), "remove the path after the port");
     init::parse_tcp_authority(spec, parts.authority, url);
   } else if (parts.scheme == "file") {
     spec.kind = init_kind::file;
@@ -54,19 +54,19 @@ inline init_spec parse_init_method(std::string_view url, std::optional<int> rank
               std::string(parts.authority) + "' was read as a host name");
     if (parts.path.empty())
       init::throw_init_error(url, "path", std::string(example), init::in_quotes(url),
-                               "the path is missing");
+                             "the path is missing");
     if (parts.path.front() != '/')
       init::throw_init_error(url, "path", std::string(example), init::in_quotes(parts.path),
-                               "the path must be absolute: every rank resolves it from its "
-                               "own working directory");
+                             "the path must be absolute: every rank resolves it from its "
+                             "own working directory");
     if (parts.path.back() == '/')
       init::throw_init_error(url, "path", std::string(example), init::in_quotes(parts.path),
-                               "the path names a directory; name a file inside it");
+                             "the path names a directory; name a file inside it");
     spec.path = std::string(parts.path);
   } else {
     init::throw_init_error(url, "init_method", std::string(init::supported_init_methods),
-                             init::in_quotes(url),
-                             "unknown scheme " + init::in_quotes(parts.scheme + "://"));
+                           init::in_quotes(url),
+                           "unknown scheme " + init::in_quotes(parts.scheme + "://"));
   }
 
   const init::query_values query = init::parse_query(parts.query, url);
@@ -77,13 +77,12 @@ inline init_spec parse_init_method(std::string_view url, std::optional<int> rank
     for (auto [name, value] : {std::pair{"MASTER_ADDR", &addr}, std::pair{"MASTER_PORT", &port}})
       if (!*value)
         init::throw_init_error(url, name, "MASTER_ADDR and MASTER_PORT in the environment",
-                                 std::string(name) + " unset",
-                                 "env:// needs MASTER_ADDR (host of rank 0) and MASTER_PORT "
-                                 "(port it listens on); set " +
-                                     std::string(name) + " or use tcp://host:port");
+                               std::string(name) + " unset",
+                               "env:// needs MASTER_ADDR (host of rank 0) and MASTER_PORT "
+                               "(port it listens on); set " +
+                                   std::string(name) + " or use tcp://host:port");
     spec.host = init::checked_master_addr(*addr, url);
-    spec.port =
-        init::checked_port({init::value_origin::environment, "MASTER_PORT", *port}, url);
+    spec.port = init::checked_port({init::value_origin::environment, "MASTER_PORT", *port}, url);
   }
 
   init::resolve_ranks(spec, rank, world_size, query, env, url);

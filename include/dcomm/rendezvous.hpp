@@ -158,8 +158,8 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
            "ranks " + format_ranks(missing));
     auto line = "rank " + std::to_string(rank) + " waiting for ranks " + format_ranks(missing) +
                 " at " + address + ", " +
-                std::to_string(duration_cast<seconds>(detail::clock::now() - start).count()) + " s of " +
-                std::to_string(duration_cast<seconds>(options.timeout).count()) + " s";
+                std::to_string(duration_cast<seconds>(detail::clock::now() - start).count()) +
+                " s of " + std::to_string(duration_cast<seconds>(options.timeout).count()) + " s";
     if (options.on_progress)
       options.on_progress(line);
     else

@@ -118,8 +118,8 @@ TEST_SUITE("op options") {
             for (const auto& [form, run] : forms) {
               auto [code, what] = co_await failure_of(run);
               if (code != errc::timeout)
-                failures += std::string(e.name) + " (" + form + "): " +
-                            (what.empty() ? "completed" : what) + "\n";
+                failures += std::string(e.name) + " (" + form +
+                            "): " + (what.empty() ? "completed" : what) + "\n";
             }
           }
           done = true;

@@ -60,9 +60,9 @@ TEST_SUITE("completion_estimate") {
     DCOMM_TEST_DEADLINE(60s);
     const estimate e = seen(1ms);
     // margin: 100 us + 1000 us / 32 = 131.25 us.
-    CHECK(e.sleep_for("all_reduce", mib) == ns(868'750));                // 1000 - 131.25 us
-    CHECK(e.poll_for("all_reduce", mib, spin) == ns(312'500));           // 50 + 2 * 131.25 us
-    CHECK(e.poll_for("all_reduce", mib, ns(0)) == ns(262'500));          // 2 * 131.25 us
+    CHECK(e.sleep_for("all_reduce", mib) == ns(868'750));        // 1000 - 131.25 us
+    CHECK(e.poll_for("all_reduce", mib, spin) == ns(312'500));   // 50 + 2 * 131.25 us
+    CHECK(e.poll_for("all_reduce", mib, ns(0)) == ns(262'500));  // 2 * 131.25 us
     CHECK(estimate::margin(1ms) == ns(131'250));
     CHECK(estimate::margin(ns(0)) == 100us);
   }

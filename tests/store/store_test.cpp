@@ -325,8 +325,8 @@ TEST_SUITE("tcp_store") {
       asio::io_context hctx;
       tcp::socket moved(hctx, tcp::v4(), sock.release());
       dcomm::detail::handshake_config config{.purpose = "store"};
-      dcomm::sync_wait(
-          hctx, dcomm::detail::client_handshake(moved, config, "test", std::chrono::steady_clock::now() + 5s));
+      dcomm::sync_wait(hctx, dcomm::detail::client_handshake(
+                                 moved, config, "test", std::chrono::steady_clock::now() + 5s));
       return tcp::socket(ctx, tcp::v4(), moved.release());
     };
 
@@ -692,8 +692,8 @@ TEST_SUITE("tcp_store processes") {
       asio::ip::tcp::socket sock(ctx);
       sock.connect({asio::ip::make_address("127.0.0.1"), ls.port});
       dcomm::detail::handshake_config config{.purpose = "store"};
-      dcomm::sync_wait(
-          ctx, dcomm::detail::client_handshake(sock, config, "test", std::chrono::steady_clock::now() + 10s));
+      dcomm::sync_wait(ctx, dcomm::detail::client_handshake(
+                                sock, config, "test", std::chrono::steady_clock::now() + 10s));
       dcomm::detail::wire_writer w;
       w.u32(100).u64(7).u8(1);  // promises 100 bytes, sends 9
       asio::write(sock, asio::buffer(w.bytes()));

@@ -32,7 +32,8 @@ struct raw_client {
   explicit raw_client(std::uint16_t port) {
     socket.connect({asio::ip::make_address("127.0.0.1"), port});
     detail::handshake_config config{.purpose = "store"};
-    sync_wait(context, detail::client_handshake(socket, config, "test", std::chrono::steady_clock::now() + 10s));
+    sync_wait(context, detail::client_handshake(socket, config, "test",
+                                                std::chrono::steady_clock::now() + 10s));
   }
   // "tcp://127.0.0.1:port" as the server names this connection.
   std::string address() const { return detail::endpoint_address(socket.local_endpoint()); }
@@ -50,7 +51,8 @@ struct raw_client {
 inline void accept_handshake(asio::io_context& context, tcp::socket& socket) {
   detail::handshake_config config{.purpose = "store"};
   sync_wait(context, [&]() -> asio::awaitable<void> {
-    co_await detail::server_handshake(socket, config, "test", std::chrono::steady_clock::now() + 10s);
+    co_await detail::server_handshake(socket, config, "test",
+                                      std::chrono::steady_clock::now() + 10s);
   }());
 }
 

@@ -25,8 +25,8 @@
 #include "support/store_world.hpp"
 
 using namespace std::chrono_literals;
-using dcomm::errc;
 using asio::ip::tcp;
+using dcomm::errc;
 
 namespace {
 
@@ -77,7 +77,8 @@ outcome timed(F run) {
   } catch (const std::exception& e) {
     o.error = std::string("not a dcomm::error: ") + e.what();
   }
-  o.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  o.took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start);
   return o;
 }
 
@@ -118,8 +119,8 @@ std::vector<outcome> run_mesh(const mesh_setup& setup, const std::vector<int>& f
         auto options = setup.options;
         if (!setup.tokens.empty()) options.job_token = setup.tokens[static_cast<std::size_t>(r)];
         dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
-          auto sockets = co_await dcomm::tcp::connect_mesh(s, r, setup.world, options,
-                                                              std::chrono::steady_clock::now() + setup.limit);
+          auto sockets = co_await dcomm::tcp::connect_mesh(
+              s, r, setup.world, options, std::chrono::steady_clock::now() + setup.limit);
           if (setup.exchange) co_await exchange_ranks(sockets, r);
         }());
       });
@@ -194,8 +195,8 @@ struct stranger {
     dcomm::detail::handshake_config config{
         .purpose = "tcp_backend", .token = token, .rank = as_rank};
     try {
-      dcomm::sync_wait(
-          ctx, dcomm::detail::client_handshake(s, config, "the mesh", std::chrono::steady_clock::now() + 5s));
+      dcomm::sync_wait(ctx, dcomm::detail::client_handshake(s, config, "the mesh",
+                                                            std::chrono::steady_clock::now() + 5s));
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -301,8 +302,9 @@ TEST_CASE("tcp mesh: 4 processes from dcomm::spawn over a tcp_store") {
     asio::io_context ctx;
     dcomm::tcp::mesh_options options{.bind_host = "127.0.0.1"};
     dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
-      auto sockets = co_await dcomm::tcp::connect_mesh(world.store, world.rank, world.world_size,
-                                                          options, std::chrono::steady_clock::now() + 30s);
+      auto sockets =
+          co_await dcomm::tcp::connect_mesh(world.store, world.rank, world.world_size, options,
+                                            std::chrono::steady_clock::now() + 30s);
       co_await exchange_ranks(sockets, world.rank);
     }());
     dcomm::depart(world, dcomm::blocking);
@@ -558,7 +560,8 @@ TEST_CASE("tcp mesh: a handshake broken by a reset is retried; a refusal is not"
       co_return;
     }
     dcomm::detail::handshake_config config{.purpose = "tcp_backend", .rank = 0};
-    co_await dcomm::detail::server_handshake(s, config, "rank 1", std::chrono::steady_clock::now() + 5s);
+    co_await dcomm::detail::server_handshake(s, config, "rank 1",
+                                             std::chrono::steady_clock::now() + 5s);
     std::array<char, 1> wait_for_close{};
     asio::error_code ec;
     co_await asio::async_read(s, asio::buffer(wait_for_close),
@@ -577,7 +580,8 @@ TEST_CASE("tcp mesh: a handshake broken by a reset is retried; a refusal is not"
   auto refusing = [](tcp::socket s, int) -> asio::awaitable<void> {
     dcomm::detail::handshake_config config{.purpose = "tcp_backend", .token = "other", .rank = 0};
     try {
-      co_await dcomm::detail::server_handshake(s, config, "rank 1", std::chrono::steady_clock::now() + 5s);
+      co_await dcomm::detail::server_handshake(s, config, "rank 1",
+                                               std::chrono::steady_clock::now() + 5s);
     } catch (const std::exception&) {
     }
   };
@@ -669,7 +673,8 @@ TEST_CASE("init_process_group: a peer that resets connections is a dcomm::error 
   for (const auto& r : results) CHECK_MESSAGE(r.ok(), dcomm::test::describe(results));
 }
 
-TEST_CASE("tcp mesh: a peer that left start-up and refuses us is not blamed: the cause it left for is") {
+TEST_CASE(
+    "tcp mesh: a peer that left start-up and refuses us is not blamed: the cause it left for is") {
   DCOMM_TEST_DEADLINE(60s);
   // Rank 0 hosts the store. Rank 1 connects to rank 0 and dies; rank 0 fails
   // start-up blaming rank 1 (its acceptor closes) and, 400 ms later, leaves
@@ -689,7 +694,8 @@ TEST_CASE("tcp mesh: a peer that left start-up and refuses us is not blamed: the
       std::optional<dcomm::error> why;
       dcomm::sync_wait(ctx, [&]() -> asio::awaitable<void> {
         try {
-          co_await dcomm::tcp::connect_mesh(s, 0, 3, options, std::chrono::steady_clock::now() + 20s);
+          co_await dcomm::tcp::connect_mesh(s, 0, 3, options,
+                                            std::chrono::steady_clock::now() + 20s);
         } catch (const dcomm::error& e) {
           why.emplace(e);
         }
@@ -705,20 +711,21 @@ TEST_CASE("tcp mesh: a peer that left start-up and refuses us is not blamed: the
   while (port == 0 && !zero.ran) std::this_thread::sleep_for(1ms);
   std::jthread rank1([&] {
     asio::io_context ctx;
-    auto s = dcomm::tcp_store::create(
-        ctx.get_executor(), {.port = port, .timeout = 10s, .rank = 1, .server_rank = 0});
-    asio::co_spawn(ctx, dcomm::tcp::connect_mesh(s, 1, 3, options, std::chrono::steady_clock::now() + 20s),
-                   asio::detached);
+    auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                      {.port = port, .timeout = 10s, .rank = 1, .server_rank = 0});
+    asio::co_spawn(
+        ctx, dcomm::tcp::connect_mesh(s, 1, 3, options, std::chrono::steady_clock::now() + 20s),
+        asio::detached);
     ctx.run_for(500ms);  // connected to rank 0, waiting for rank 2: then "dies"
   });                    // (the context goes, its sockets close)
   rank1.join();
   while (!zero_failed && !zero.ran) std::this_thread::sleep_for(1ms);
   two = timed([&] {
     asio::io_context ctx;
-    auto s = dcomm::tcp_store::create(
-        ctx.get_executor(), {.port = port, .timeout = 10s, .rank = 2, .server_rank = 0});
-    dcomm::sync_wait(ctx, dcomm::tcp::connect_mesh(s, 2, 3, options,
-                                                   std::chrono::steady_clock::now() + 5s));
+    auto s = dcomm::tcp_store::create(ctx.get_executor(),
+                                      {.port = port, .timeout = 10s, .rank = 2, .server_rank = 0});
+    dcomm::sync_wait(
+        ctx, dcomm::tcp::connect_mesh(s, 2, 3, options, std::chrono::steady_clock::now() + 5s));
   });
   rank0.join();
   INFO("rank 0: " << zero.error << "\nrank 2: " << two.error);

@@ -67,7 +67,8 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
 }
 
 inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes,
-                                       detail::clock::time_point deadline, const error_context& ctx) {
+                                       detail::clock::time_point deadline,
+                                       const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
                            asio::error_code ignored;
@@ -76,7 +77,8 @@ inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes
 }
 
 inline asio::awaitable<std::string> read_n(ip_tcp::socket& socket, std::size_t n,
-                                           detail::clock::time_point deadline, const error_context& ctx) {
+                                           detail::clock::time_point deadline,
+                                           const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
@@ -97,7 +99,8 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
 // A proof without a MAC, sent by a client that is leaving, so that the
 // server can name the reason. Best effort: the client fails either way.
 inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_t kind,
-                                             detail::clock::time_point deadline, const error_context& ctx) {
+                                             detail::clock::time_point deadline,
+                                             const error_context& ctx) {
   wire_writer proof;
   proof.u8(kind).raw(std::string(32, '\0'));
   try {
@@ -107,7 +110,8 @@ inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_
 }
 
 inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshake_config& config,
-                                          const std::string& address, detail::clock::time_point deadline) {
+                                          const std::string& address,
+                                          detail::clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
                     .address = address};
@@ -184,8 +188,9 @@ inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshak
 // protocol_error / mismatch (not a dcomm server of this version), timeout,
 // and peer_lost when the connection breaks halfway (reset, end of file):
 // always a dcomm::error naming `address`, never a raw socket error.
-inline asio::awaitable<void> client_handshake(ip_tcp::socket& socket, const handshake_config& config,
-                                              std::string address, detail::clock::time_point deadline) {
+inline asio::awaitable<void> client_handshake(ip_tcp::socket& socket,
+                                              const handshake_config& config, std::string address,
+                                              detail::clock::time_point deadline) {
   std::exception_ptr failure;
   try {
     co_await handshake_detail::client_steps(socket, config, address, deadline);

@@ -117,8 +117,8 @@ inline std::error_code socket_error_code(const std::error_code& ec) {
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
 inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
-                                                       detail::clock::time_point deadline,
-                                                       std::string operation) {
+                                                          detail::clock::time_point deadline,
+                                                          std::string operation) {
   auto executor = co_await asio::this_coro::executor;
   ip_tcp::resolver resolver(executor);
   auto backoff = std::chrono::milliseconds(10);
@@ -145,7 +145,8 @@ inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std:
     }
     auto now = detail::clock::now();
     if (now >= deadline) break;
-    asio::steady_timer timer(executor, std::min<detail::clock::time_point>(now + backoff, deadline));
+    asio::steady_timer timer(executor,
+                             std::min<detail::clock::time_point>(now + backoff, deadline));
     co_await timer.async_wait(asio::use_awaitable);
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }

@@ -72,8 +72,7 @@ inline std::uint64_t new_group_id(std::uint64_t parent, std::uint64_t index,
 }
 
 // split: every rank passing `color` to the same split gets the same group.
-inline std::uint64_t split_group_id(std::uint64_t parent, std::uint64_t index,
-                                    std::int64_t color) {
+inline std::uint64_t split_group_id(std::uint64_t parent, std::uint64_t index, std::int64_t color) {
   return mix64(parent ^ mix64(index + 1) ^ mix64(static_cast<std::uint64_t>(color) << 1));
 }
 
@@ -94,8 +93,8 @@ inline std::uint64_t take_sequence_number(group_state& group) {
 
 // A collective: numbered unless `refused` (then seq is 0 and never used:
 // the call completes with its refusal without reaching the backend).
-inline op_context collective_context(const std::shared_ptr<group_state>& group,
-                                     const op_options& o, bool refused) {
+inline op_context collective_context(const std::shared_ptr<group_state>& group, const op_options& o,
+                                     bool refused) {
   return {group, refused ? 0 : take_sequence_number(*group),
           detail::clock::now() + o.timeout.value_or(group->timeout), o.algorithm, o.stream};
 }

@@ -142,8 +142,7 @@ class comm_ops {
       checks().types(i, w, "gather");
       if (rank() == root) {
         checks().blocks(w, i.count, "gather", "the root's output", "the input");
-        checks().no_partial_overlap(i, w, "gather",
-                                    i.data == checks().own_block_start(w, i.count));
+        checks().no_partial_overlap(i, w, "gather", i.data == checks().own_block_start(w, i.count));
       }
     });
     return collective<void>(
@@ -195,11 +194,11 @@ class comm_ops {
       checks().multiple_of_size(all, "reduce_scatter");
     });
     const_tensor_view in = all;
-    return with_reducer<E>("reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
-                           [in, mine = checks().own_block(all)](Backend& b, const op_context& c,
-                                                                reducer r) {
-                             return b.reduce_scatter(c, in, mine, r);
-                           });
+    return with_reducer<E>(
+        "reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
+        [in, mine = checks().own_block(all)](Backend& b, const op_context& c, reducer r) {
+          return b.reduce_scatter(c, in, mine, r);
+        });
   }
 
   template <class Token>
@@ -247,8 +246,8 @@ class comm_ops {
   }
 
   template <class E, class Token>
-  auto all_to_all_v(const_tensor_view i, std::vector<std::size_t> send_counts,
-                    std::vector<E>& out, op_options o, Token&& token) const {
+  auto all_to_all_v(const_tensor_view i, std::vector<std::size_t> send_counts, std::vector<E>& out,
+                    op_options o, Token&& token) const {
     auto bad = check([&] {
       checks().tensor(i, "all_to_all_v");
       if (send_counts.size() != static_cast<std::size_t>(size()))
@@ -355,8 +354,7 @@ class comm_ops {
   // What every member learnt from split's all_gather: each rank's (color,
   // key); this rank's group, made in the same order everywhere.
   std::optional<comm> join_split(std::array<std::int64_t, 2> mine,
-                                 const std::vector<std::int64_t>& all,
-                                 std::uint64_t index) const {
+                                 const std::vector<std::int64_t>& all, std::uint64_t index) const {
     if (mine[0] < 0) {
       c_.rt_->backend->group_created(c_.group_, nullptr, -1, 0);
       return std::nullopt;
@@ -391,8 +389,8 @@ class comm_ops {
     return collective_context(c_.group_, o, bad != nullptr);
   }
   template <class R, class Token, class F>
-  auto collective(const char* operation, const op_options& o, std::exception_ptr bad,
-                  Token&& token, F f) const {
+  auto collective(const char* operation, const op_options& o, std::exception_ptr bad, Token&& token,
+                  F f) const {
     auto ctx = context(operation, o, bad);
     return launch<R>(c_.rt_, operation, std::forward<Token>(token), bad, std::move(ctx),
                      std::move(f));

@@ -83,8 +83,8 @@ auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* o
 // Starts f(backend, ctx) (a coroutine returning task<R>), or completes with
 // `bad`, through the token: a completion token, or dcomm::as_request.
 template <class R, backend Backend, class Token, class F>
-auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
-            Token&& token, std::exception_ptr bad, op_context ctx, F f) {
+auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation, Token&& token,
+            std::exception_ptr bad, op_context ctx, F f) {
   if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
     static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
     return start_request(rt, operation, bad, std::move(ctx), std::move(f));

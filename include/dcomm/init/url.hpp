@@ -166,7 +166,6 @@ inline void check_rank_below_size(const sourced_int& rank, const sourced_int& si
                        std::string(size_word) + " of " + std::to_string(size.value));
 }
 
-
 // A host as written in MASTER_ADDR or in a tcp:// URL, brackets removed.
 inline bool is_host_name(std::string_view host) {
   if (host.empty()) return false;

@@ -29,7 +29,8 @@ class prefix_store final : public store {
   asio::awaitable<void> set_impl(std::string key, std::string value) override {
     return inner_->set_impl(full(key), std::move(value));
   }
-  asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key,
+                                        detail::clock::time_point deadline) override {
     return inner_->get_impl(full(key), deadline);
   }
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {

@@ -51,8 +51,8 @@ class store : public std::enable_shared_from_this<store> {
   }
   template <completion_token_for<std::string> Token = default_token_t>
   auto get(std::string key, duration timeout, Token&& token = {}) {
-    return run(get_impl(std::move(key), detail::clock::now() + timeout), std::forward<Token>(token), "get",
-               timeout);
+    return run(get_impl(std::move(key), detail::clock::now() + timeout), std::forward<Token>(token),
+               "get", timeout);
   }
 
   // Atomically adds delta to the integer stored at key (0 if missing) and
@@ -77,8 +77,8 @@ class store : public std::enable_shared_from_this<store> {
   }
   template <completion_token_for Token = default_token_t>
   auto wait(std::vector<std::string> keys, duration timeout, Token&& token = {}) {
-    return run(wait_impl(std::move(keys), detail::clock::now() + timeout), std::forward<Token>(token),
-               "wait", timeout);
+    return run(wait_impl(std::move(keys), detail::clock::now() + timeout),
+               std::forward<Token>(token), "wait", timeout);
   }
 
   // Whether every key exists, without waiting.
@@ -105,7 +105,8 @@ class store : public std::enable_shared_from_this<store> {
 
  protected:
   virtual asio::awaitable<void> set_impl(std::string key, std::string value) = 0;
-  virtual asio::awaitable<std::string> get_impl(std::string key, detail::clock::time_point deadline) = 0;
+  virtual asio::awaitable<std::string> get_impl(std::string key,
+                                                detail::clock::time_point deadline) = 0;
   virtual asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) = 0;
   virtual asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                         std::string desired) = 0;

@@ -10,14 +10,14 @@
 #include <numeric>
 #include <vector>
 
-#include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/algorithms/ring.hpp"
+#include "dcomm/tcp/call.hpp"
 
 namespace dcomm::tcp {
 
 // out holds n blocks of `count`; in may be out's block r (in place).
 inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, std::size_t count,
-                                    std::size_t es) {
+                                            std::size_t es) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -31,7 +31,7 @@ inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, 
 }
 
 inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
-                                  std::size_t es, std::size_t chunk_bytes) {
+                                          std::size_t es, std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -61,7 +61,7 @@ inline detail::task<std::vector<std::size_t>> exchange_counts(
 }
 
 inline detail::task<std::vector<std::size_t>> direct_all_gather_v(call& c, const_tensor_view in,
-                                                          const output_allocator& alloc) {
+                                                                  const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
   const std::size_t es = size_of(in.type);
   std::vector<std::uint64_t> mine(static_cast<std::size_t>(n), in.count);

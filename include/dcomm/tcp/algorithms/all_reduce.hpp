@@ -9,14 +9,14 @@
 
 #include <cstring>
 
-#include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/algorithms/ring.hpp"
+#include "dcomm/tcp/call.hpp"
 
 namespace dcomm::tcp {
 
 // `buf` holds this rank's contribution and receives the result.
 inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t count,
-                                                std::size_t es, const reducer& op) {
+                                                        std::size_t es, const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   int p = 1;
@@ -54,7 +54,8 @@ inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std:
 
 // in == nullptr: in place on out.
 inline detail::task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_t count,
-                                  std::size_t es, const reducer& op, std::size_t chunk_bytes) {
+                                          std::size_t es, const reducer& op,
+                                          std::size_t chunk_bytes) {
   const int n = c.size();
   ring_shape shape({.count = count, .blocks = n}, es, chunk_bytes);
   scratch tmp(c);

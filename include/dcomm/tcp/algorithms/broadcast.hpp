@@ -24,7 +24,7 @@ inline detail::task<void> binomial_broadcast(call& c, void* buf, std::size_t byt
 }
 
 inline detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
-                                  std::size_t chunk_bytes) {
+                                          std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   const int prev = mod(v - 1 + root, n), next = mod(v + 1 + root, n);

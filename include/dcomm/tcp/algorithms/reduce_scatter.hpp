@@ -7,14 +7,15 @@
 
 #include <cstring>
 
-#include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/algorithms/ring.hpp"
+#include "dcomm/tcp/call.hpp"
 
 namespace dcomm::tcp {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
-                                        std::size_t es, const reducer& op) {
+inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out,
+                                                std::size_t count, std::size_t es,
+                                                const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   scratch tmp(c);
@@ -36,7 +37,8 @@ inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* o
 }
 
 inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
-                                      std::size_t es, const reducer& op, std::size_t chunk_bytes) {
+                                              std::size_t es, const reducer& op,
+                                              std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   ring_shape shape(
