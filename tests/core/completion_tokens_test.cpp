@@ -5,6 +5,9 @@
 // object collectives, barrier and split; results and errors both. Then a
 // backend written from backend.hpp's public names alone, and the public
 // thread world (dcomm/thread_world.hpp) these tests run on.
+// Size: many small independent cases in one translation unit on purpose: each
+// Asio-heavy test file costs about a minute per CI build (three builds), so
+// a component's cases share one file rather than split by line count.
 #include <doctest/doctest.h>
 
 #include <chrono>

@@ -1,6 +1,9 @@
 // file_store: the store contract, binary safety, timeouts, several instances
 // in one process and across processes, crashed and stopped lock holders,
 // cleanup and bad paths.
+// Size: many small independent cases in one translation unit on purpose: each
+// Asio-heavy test file costs about a minute per CI build (three builds), so
+// a component's cases share one file rather than split by line count.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>

@@ -1,5 +1,7 @@
 // Tests for dcomm::parse_init_method. The environment is always an injected
 // map, so the result never depends on the shell that runs the tests.
+// Size: one parser's cases (URL forms, launcher environments, precedence),
+// each a few lines; they read best side by side in one file.
 #include <doctest/doctest.h>
 #include <dcomm/init_method.hpp>
 

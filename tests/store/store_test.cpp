@@ -1,5 +1,8 @@
 // The store contract, run against every store, and what only tcp_store has:
 // many processes, misbehaving clients, a dying server, job tokens.
+// Size: many small independent cases in one translation unit on purpose: each
+// Asio-heavy test file costs about a minute per CI build (three builds), so
+// a component's cases share one file rather than split by line count.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/socket.h>

@@ -2,6 +2,9 @@
 // requests), groups, completion tokens, and failures (mismatched calls,
 // deadlines, abort, a rank killed mid-collective, a communicator destroyed
 // with work pending). Thread worlds, and real processes through spawn.
+// Size: many small independent cases in one translation unit on purpose: each
+// Asio-heavy test file costs about a minute per CI build (three builds), so
+// a component's cases share one file rather than split by line count.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <unistd.h>
