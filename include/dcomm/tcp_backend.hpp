@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -82,6 +83,28 @@ class tcp_backend {
       const char* v = std::getenv("DCOMM_ALGO");
       return std::string(v ? v : "");
     }();
+    // The links between ranks of one host: "auto" (shared memory; TCP
+    // between hosts), "shm" (the same, and a rank that cannot tell its host
+    // fails at start-up) or "tcp" (loopback sockets). A pair of ranks uses
+    // shared memory only if neither says "tcp". Empty: $DCOMM_TRANSPORT.
+    std::string transport = [] {
+      const char* v = std::getenv("DCOMM_TRANSPORT");
+      return std::string(v ? v : "auto");
+    }();
+    // Which host this rank counts as for shared memory; empty: what the
+    // kernel says (shm/host_identity.hpp), or $DCOMM_HOST_ID. Ranks with
+    // different ids talk TCP: tests make one machine play several hosts.
+    std::string host_id = "";
+    // Each shared memory link's ring, per direction (a power of two).
+    std::size_t shm_ring_bytes = 1 << 20;
+    // How long a waiting operation polls shared memory before it sleeps
+    // (a system call to wake it then); $DCOMM_SHM_SPIN_US if set. Polling
+    // stops where the ranks of the host outnumber the cores this process
+    // may use.
+    std::chrono::nanoseconds shm_spin = [] {
+      const char* v = std::getenv("DCOMM_SHM_SPIN_US");
+      return std::chrono::nanoseconds(std::chrono::microseconds(v && *v ? std::atol(v) : 20));
+    }();
   };
 
   // Connects to every peer through the store. Runs on (and stays on) the
@@ -98,8 +121,17 @@ class tcp_backend {
         .job_token = std::move(job_token),
         .bind_host = o.bind_host,
         .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
-    auto net = co_await tcp::connect_transport(std::move(s), rank, world, std::move(mesh),
-                                               {.eager_limit = o.eager_limit}, deadline);
+    if (o.shm_ring_bytes < 4096 || (o.shm_ring_bytes & (o.shm_ring_bytes - 1)) != 0)
+      throw_error(errc::invalid_argument,
+                  {.operation = "tcp_backend",
+                   .expected = "shm_ring_bytes: a power of two of at least 4096",
+                   .seen = std::to_string(o.shm_ring_bytes)});
+    const tcp::shm_options shm{.links = tcp::parse_link_choice(o.transport),
+                               .ring_bytes = o.shm_ring_bytes,
+                               .host_id = o.host_id};
+    auto net = co_await tcp::connect_transport(
+        std::move(s), rank, world, std::move(mesh),
+        {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin}, deadline, shm);
     co_return std::shared_ptr<tcp_backend>(new tcp_backend(ex, std::move(net), o, overrides));
   }
 
@@ -125,6 +157,11 @@ class tcp_backend {
     blamed.erase(std::unique(blamed.begin(), blamed.end()), blamed.end());
     return blamed;
   }
+
+  // How frames reach rank `peer` (a global rank, not this one): "shm"
+  // (shared memory, a rank of this host) or "tcp". On the backend's
+  // executor, or once start-up is over (links never change after).
+  std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
 
   // Fails every pending and future operation at once; closes every link.
   // Thread-safe: runs on the backend's executor.

@@ -4,7 +4,9 @@
 // error as a message. The body is a coroutine per rank.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -31,8 +33,17 @@ using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
 inline std::vector<std::string> comm_world(
     int world, const rank_body& body, std::chrono::milliseconds timeout,
     const std::function<tcp_backend::options(int)>& backend_of) {
+  // DCOMM_TEST_HOSTS=k runs the world as k hosts of consecutive ranks
+  // (shared memory inside each, TCP between them): meson runs suites so.
+  const char* hosts = std::getenv("DCOMM_TEST_HOSTS");
+  const int k = hosts && *hosts ? std::max(1, std::atoi(hosts)) : 0;
+  auto with_host = [&backend_of, k, world](int r) {
+    tcp_backend::options o = backend_of(r);
+    if (k > 0 && o.host_id.empty()) o.host_id = "test-host-" + std::to_string(r * k / world);
+    return o;
+  };
   thread_world_options<tcp_backend> o{
-      .timeout = timeout, .deadline = std::chrono::minutes(15), .backend_of = backend_of};
+      .timeout = timeout, .deadline = std::chrono::minutes(15), .backend_of = with_host};
   auto failures = thread_world_failures<tcp_backend>(
       world, [&](comm& c) { return body(c, c.rank()); }, o);
   std::vector<std::string> errors;

@@ -10,7 +10,9 @@
 
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/shm/handover.hpp"
 #include "dcomm/store/store.hpp"
+#include "dcomm/tcp/locality.hpp"
 #include "dcomm/tcp/mesh.hpp"
 #include "dcomm/tcp/transport.hpp"
 
@@ -41,14 +43,49 @@ inline void tune_link(detail::ip_tcp::socket& socket) {
 
 // Connects this rank to every peer through the store and starts the
 // transport over the links, on the executor it is awaited from.
+// Which links go through shared memory, and how.
+struct shm_options {
+  link_choice links = link_choice::automatic;
+  std::size_t ring_bytes = 1 << 20;  // per direction and pair; a power of two
+  std::string host_id{};             // empty: shm::host_identity()
+};
+
+// Connects this rank to every peer through the store, shares memory with
+// the peers on its host (tcp/locality.hpp, shm/handover.hpp), and starts
+// the transport over the links, on the executor it is awaited from.
 inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
     std::shared_ptr<store> s, int rank, int world, mesh_options mesh, transport_options options,
-    detail::clock::time_point deadline) {
+    detail::clock::time_point deadline, shm_options shm = {}) {
   auto ex = co_await asio::this_coro::executor;
-  auto sockets = co_await connect_mesh(std::move(s), rank, world, mesh, deadline);
+  // The mesh first: once it is complete every rank is known to be alive
+  // and to have published its host. The lowest rank of a host then makes
+  // the segment and hands it out in the background, without waiting: the
+  // rings exist before the others map them. The others fetch it from it.
+  const std::string host =
+      world > 1 ? host_to_publish(shm.links, rank, shm.host_id) : std::string();
+  if (world > 1) co_await publish_host(s, mesh.key_prefix, rank, host);
+  auto sockets = co_await connect_mesh(s, rank, world, mesh, deadline);
   for (auto& socket : sockets)
     if (socket.is_open()) tune_link(socket);
-  auto net = std::make_shared<transport>(ex, rank, world, std::move(sockets), options);
+  shm_links links;
+  if (world > 1) {
+    links.local = co_await ranks_on_this_host(s, mesh.key_prefix, rank, world, host, deadline);
+    if (links.local.size() > 1) {
+      // Every pair's link goes through the one segment of the host.
+      const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
+      auto shared =
+          co_await shm::host_segment::open(s, key, rank, links.local, shm.ring_bytes, deadline);
+      links.segment = shared.get();
+      // Polling costs a core: where the host's ranks outnumber this
+      // process's cores, waiting ranks sleep at once and leave them to the
+      // ranks with work.
+      if (links.local.size() > shm::usable_cores()) options.shm_spin = {};
+    } else {
+      links.local.clear();
+    }
+  }
+  auto net =
+      std::make_shared<transport>(ex, rank, world, std::move(sockets), options, std::move(links));
   net->start();
   co_return net;
 }

@@ -15,6 +15,7 @@
 
 #include "dcomm/detail/asio.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/shm/channel.hpp"
 #include "dcomm/tcp/io_items.hpp"
 #include "dcomm/tcp/pool.hpp"
 #include "dcomm/tcp/wire_format.hpp"
@@ -91,6 +92,14 @@ struct peer_link {
   // A send of ours this peer refused after it completed: reported by the
   // next operation that needs this peer.
   std::optional<refused_send> refused;
+  // A peer on this host: frames go through shared memory, and the socket
+  // only tells when the peer is gone (tcp/shm_links.hpp).
+  std::unique_ptr<shm::channel> shm;
+  std::unique_ptr<asio::steady_timer> shm_wake;  // the reader waits on it for bytes
+  bool shm_reader_waiting = false;
+  bool shm_writer_blocked = false;    // the ring was full
+  bool shm_peer_gone = false;         // what its ring holds is all there will be
+  std::size_t shm_frame_written = 0;  // of the front frame, its header included
 };
 
 }  // namespace dcomm::tcp

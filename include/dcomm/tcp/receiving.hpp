@@ -145,9 +145,15 @@ inline detail::task<void> transport::fill(peer_link& l, std::size_t n, bool exac
     l.begin = 0;
   }
   while (l.end < n) {
-    auto [ec, got] = co_await l.socket.async_read_some(
-        asio::buffer(l.stage.data() + l.end, (exact ? n : l.stage.size()) - l.end),
-        detail::use_task);
+    const std::size_t room = (exact ? n : l.stage.size()) - l.end;
+    if (l.shm) {
+      const std::size_t got = l.shm->read_some(l.stage.data() + l.end, room);
+      if (got == 0) co_await shm_readable(l);
+      l.end += got;
+      continue;
+    }
+    auto [ec, got] = co_await l.socket.async_read_some(asio::buffer(l.stage.data() + l.end, room),
+                                                       detail::use_task);
     if (ec) throw asio::system_error(ec);
     l.end += got;
   }
@@ -162,6 +168,16 @@ inline detail::task<void> transport::read_payload(peer_link& l, char* dst, std::
     n -= take;
     if (dst) dst += take;
     if (n == 0) co_return;
+    if (l.shm) {
+      // Straight from the ring: no stage between.
+      while (n) {
+        const std::size_t got = l.shm->read_some(dst, n);
+        if (got == 0) co_await shm_readable(l);
+        n -= got;
+        if (dst) dst += got;
+      }
+      co_return;
+    }
     if (dst && n >= l.stage.size() / 4) {
       auto [ec, got] = co_await asio::async_read(
           l.socket, asio::buffer(dst, n),

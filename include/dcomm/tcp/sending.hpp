@@ -72,6 +72,7 @@ inline void transport::queue_parts(io_item& it) {
 // Writing: frames go out in order, several per gathered write.
 inline void transport::start_write(int peer) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
+  if (l.shm) return shm_write(peer);
   if (l.batch > 0 || l.frames.empty() || l.lost) return;
   l.gather.clear();
   std::size_t total = 0;

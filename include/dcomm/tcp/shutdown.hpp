@@ -67,7 +67,7 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
       asio::error_code ignored;
       if (!l->shut) l->socket.shutdown(detail::ip_tcp::socket::shutdown_send, ignored);
       l->shut = true;
-      if (unacknowledged(l->socket) == 0 || late) {
+      if (unacknowledged(*l) == 0 || late) {
         close_link(*l);
         continue;
       }
@@ -85,13 +85,13 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
 }
 
 // Bytes written to the link that its peer has not acknowledged yet.
-inline std::size_t transport::unacknowledged(detail::ip_tcp::socket& socket) {
+// (Over shared memory: written to the ring and not read yet.)
+inline std::size_t transport::unacknowledged(peer_link& l) {
+  if (l.shm) return l.shm->unread_by_peer();
 #ifdef TIOCOUTQ
   int n = 0;
-  if (::ioctl(socket.native_handle(), TIOCOUTQ, &n) == 0 && n > 0)
+  if (::ioctl(l.socket.native_handle(), TIOCOUTQ, &n) == 0 && n > 0)
     return static_cast<std::size_t>(n);
-#else
-  (void)socket;
 #endif
   return 0;
 }
@@ -118,6 +118,21 @@ inline void transport::close_link(peer_link& l) {
   if (!l.socket.is_open()) return;
   l.socket.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
   l.socket.close(ignored);
+  if (l.shm) {
+    // A frame half written stays so: its send is no longer in progress
+    // (a socket's write would end with an error here). Its reader stops
+    // (shm_readable), and with the last such link the doorbell's listener.
+    if (l.shm_frame_written > 0 && !l.frames.empty())
+      if (io_item* it = l.frames.front().item) {
+        it->in_flight = false;
+        it->op->wake();
+      }
+    l.shm_frame_written = 0;
+    l.batch = 0;
+    l.shm_writer_blocked = false;
+    if (l.shm_reader_waiting) l.shm_wake->cancel();
+    close_bell_if_unused();
+  }
   if (closed_ &&
       std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
     closed_all();

@@ -60,6 +60,7 @@
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
+#include "dcomm/shm/segment.hpp"
 #include "dcomm/tcp/failed_calls.hpp"
 #include "dcomm/tcp/io_items.hpp"
 #include "dcomm/tcp/link.hpp"
@@ -73,12 +74,23 @@ struct transport_options {
   std::size_t eager_limit = 64 * 1024;
   std::size_t stage_bytes = 256 * 1024;
   std::size_t max_batch = 16;  // frames per gathered write
+  // How long a waiting operation polls its shared memory links before it
+  // sleeps until a peer rings (tcp/shm_links.hpp); 0: it sleeps at once.
+  std::chrono::nanoseconds shm_spin = std::chrono::microseconds(20);
+};
+
+// The segment this rank shares with the ranks of its host (shm/), and who
+// they are: their global ranks, ascending, this one among them. Empty:
+// every link is a socket.
+struct shm_links {
+  std::shared_ptr<shm::segment> segment;
+  std::vector<int> local;
 };
 
 class transport : public std::enable_shared_from_this<transport> {
  public:
   transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
-            transport_options options)
+            transport_options options, shm_links shm = {})
       : ex_(std::move(ex)), rank_(rank), world_(world), options_(options) {
     links_.reserve(sockets.size());
     for (auto& s : sockets) {
@@ -99,13 +111,20 @@ class transport : public std::enable_shared_from_this<transport> {
       }
       links_.push_back(std::move(l));
     }
+    if (shm.segment) use_shm(std::move(shm));
   }
 
-  // Starts one reader per peer; call once, on the strand.
+  // Starts one reader per peer (and for peers on this host, a watch on
+  // their socket, and the doorbell's listener); call once, on the strand.
   void start() {
+    auto none = [](std::exception_ptr) {};
     for (int p = 0; p < world_; ++p)
-      if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), [](std::exception_ptr) {});
+      if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
+    for (int p : shm_peers_) detail::start(ex_, watch_shm_peer(shared_from_this(), p), none);
+    if (bell_) detail::start(ex_, listen_bell(shared_from_this()), none);
   }
+  // Whether frames to rank p go through shared memory.
+  bool shm_link(int p) const { return links_[static_cast<std::size_t>(p)]->shm != nullptr; }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -220,6 +239,12 @@ class transport : public std::enable_shared_from_this<transport> {
         fail_op(op, timeout_error(op));
         break;
       }
+      // Messages from this host may be a few hundred nanoseconds away: poll
+      // for them before sleeping (what it wakes runs once this waits).
+      // It may also have finished this op's sends (a blocked writer went on):
+      // a wake before the wait below would be lost, so look again.
+      if (options_.shm_spin.count() > 0 && waits_on_shm(op) && spin_shm() && (op.failure || pred()))
+        continue;
       auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
@@ -265,6 +290,13 @@ class transport : public std::enable_shared_from_this<transport> {
   }
 
   static constexpr auto io_grace = std::chrono::seconds(1);
+
+  // Whether an unfinished item of the op goes through shared memory.
+  bool waits_on_shm(const op_state& op) const {
+    if (shm_peers_.empty()) return false;
+    return std::any_of(op.items.begin(), op.items.end(),
+                       [this](const io_item& i) { return !i.finished() && shm_link(i.peer); });
+  }
 
   // Shutdown (tcp/shutdown.hpp). abort(): fails every pending and future
   // operation and closes every link. close(): the communicator was
@@ -356,9 +388,19 @@ class transport : public std::enable_shared_from_this<transport> {
   bool report_refused_send(io_item& it);
   void fail_for_refused_send(op_state& op, int peer, const refused_send& r);
 
+  // Shared memory links (tcp/shm_links.hpp).
+  void use_shm(shm_links shm);
+  void shm_write(int peer);
+  static detail::task<void> shm_readable(peer_link& l);
+  bool poll_shm();
+  static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
+  static detail::task<void> listen_bell(std::shared_ptr<transport> self);
+  bool spin_shm();
+  void close_bell_if_unused();
+
   // Shutdown (tcp/shutdown.hpp).
   void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut);
-  static std::size_t unacknowledged(detail::ip_tcp::socket& socket);
+  static std::size_t unacknowledged(peer_link& l);
   void closed_all();
   void say_goodbye();
   void close_link(peer_link& l);
@@ -395,6 +437,12 @@ class transport : public std::enable_shared_from_this<transport> {
   std::weak_ptr<asio::steady_timer> close_timer_;  // close(): drains the links
   std::function<void()> on_closed_;                // close(): every link is closed
   std::uint64_t next_id_ = 0;
+  // Shared memory: the segment, this rank's place in it, the peers reached
+  // through it, and this rank's doorbell (a dup of its eventfd).
+  std::shared_ptr<shm::segment> shm_;
+  int shm_me_ = -1;
+  std::vector<int> shm_peers_;
+  std::unique_ptr<asio::posix::stream_descriptor> bell_;
   bool aborted_ = false;
   bool closed_ = false;
 };
@@ -404,4 +452,5 @@ class transport : public std::enable_shared_from_this<transport> {
 #include "dcomm/tcp/failure_forwarding.hpp"
 #include "dcomm/tcp/receiving.hpp"
 #include "dcomm/tcp/sending.hpp"
+#include "dcomm/tcp/shm_links.hpp"
 #include "dcomm/tcp/shutdown.hpp"

@@ -1,0 +1,113 @@
+// Which peers share this rank's host, learnt through the store at start-up:
+// every rank publishes "<prefix>/host/<rank>" = its host identity
+// (shm/host_identity.hpp), or nothing to share ("") where it takes TCP for
+// every link; the ranks with this rank's identity are its host. Each pair
+// decides alike (both read the same values), so a link is shared memory at
+// both ends or at neither.
+#pragma once
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dcomm/detail/clock.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/shm/host_identity.hpp"
+#include "dcomm/store/store.hpp"
+
+namespace dcomm::tcp {
+
+// DCOMM_TRANSPORT's values: which links the ranks of one host use.
+enum class link_choice {
+  automatic,  // shared memory between ranks of a host, TCP between hosts
+  shm,        // the same, and a rank that cannot tell its host fails
+  tcp,        // TCP for every link (loopback on one host)
+};
+
+inline link_choice parse_link_choice(std::string_view v) {
+  if (v.empty() || v == "auto") return link_choice::automatic;
+  if (v == "shm") return link_choice::shm;
+  if (v == "tcp") return link_choice::tcp;
+  throw_error(errc::invalid_argument, {.operation = "tcp_backend",
+                                       .expected = "DCOMM_TRANSPORT (or options::transport) "
+                                                   "'auto', 'shm' or 'tcp'",
+                                       .seen = "'" + std::string(v) + "'"});
+}
+
+// What this rank publishes: its host identity, or "" for no sharing.
+inline std::string host_to_publish(link_choice choice, int rank, std::string id) {
+  if (choice == link_choice::tcp) return {};
+  if (id.empty()) id = shm::host_identity();
+  if (id.empty() && choice == link_choice::shm)
+    throw_error(errc::unsupported,
+                {.operation = "tcp_backend",
+                 .rank = rank,
+                 .detail = "DCOMM_TRANSPORT=shm, but this rank cannot tell which host it is on "
+                           "(/proc/sys/kernel/random/boot_id or /proc/self/ns/net unreadable); "
+                           "set DCOMM_HOST_ID or DCOMM_TRANSPORT=auto"});
+  return id;
+}
+
+inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::string& prefix,
+                                          int rank, std::string host) {
+  const std::string key = prefix + "/host/" + std::to_string(rank);
+  co_await s->set(key, std::move(host));
+}
+
+// A failure to read rank p's host: a timeout blames p (it never
+// published: it died, or never started); a store that failed names whom
+// it names.
+[[noreturn]] inline void rethrow_for_host(std::exception_ptr failure, int rank, int peer,
+                                          const std::string& key) {
+  try {
+    detail::rethrow_as_dcomm_error(failure, {});
+  } catch (const dcomm::error& e) {
+    const bool late = e.code() == errc::timeout;
+    throw error(e.code(),
+                {.operation = "tcp_backend start-up",
+                 .rank = rank,
+                 .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
+                                                            : e.context().peers,
+                 .key = key,
+                 .address = e.context().address,
+                 .detail = late ? "rank " + std::to_string(peer) +
+                                      " did not publish its host by the deadline"
+                                : std::string("reading its host: ") + e.what()});
+  }
+  std::abort();  // not reached: the block above always throws
+}
+
+// The global ranks on this rank's host that share memory with it,
+// ascending, this one included; just this one where none does.
+inline asio::awaitable<std::vector<int>> ranks_on_this_host(std::shared_ptr<store> s,
+                                                            const std::string& prefix, int rank,
+                                                            int world, const std::string& mine,
+                                                            detail::clock::time_point deadline) {
+  std::vector<int> local;
+  for (int p = 0; p < world; ++p) {
+    if (p == rank) {
+      local.push_back(p);
+      continue;
+    }
+    if (mine.empty()) continue;
+    // Published before that rank connected its mesh, which is complete.
+    const std::string key = prefix + "/host/" + std::to_string(p);
+    const auto left = detail::time_left(deadline);
+    std::string theirs;
+    std::exception_ptr failure;
+    try {
+      theirs = co_await s->get(key, left);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) rethrow_for_host(failure, rank, p, key);
+    if (theirs == mine) local.push_back(p);
+  }
+  co_return local;
+}
+
+}  // namespace dcomm::tcp

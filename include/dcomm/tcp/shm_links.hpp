@@ -1,0 +1,188 @@
+// The transport's links to peers on the same host (tcp/connect.hpp decides
+// which): the same frames as on a socket, written to and read from a pair
+// of shared memory rings (shm/channel.hpp), so that matching, mismatch
+// detection, probes, failure forwarding and goodbyes work unchanged. The
+// socket to such a peer carries nothing; it stays open so that the kernel
+// tells when the peer is gone (closed, killed, crashed) at once.
+//
+// Waiting: an operation that waits polls the rings for up to `shm_spin`
+// (the readers run between polls); then this rank says in its doorbell
+// word that it sleeps, and a peer that writes to it wakes its executor
+// through the eventfd, which listen_bell watches. Part of tcp/transport.hpp.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dcomm/tcp/transport.hpp"
+
+namespace dcomm::tcp {
+
+// Links to the ranks of shm.local go through the segment.
+inline void transport::use_shm(shm_links shm) {
+  const auto me = std::find(shm.local.begin(), shm.local.end(), rank_);
+  shm_me_ = static_cast<int>(me - shm.local.begin());
+  for (std::size_t i = 0; i < shm.local.size(); ++i) {
+    const int p = shm.local[i];
+    if (p == rank_) continue;
+    peer_link& l = *links_[static_cast<std::size_t>(p)];
+    l.shm = std::make_unique<shm::channel>(*shm.segment, static_cast<std::size_t>(shm_me_), i);
+    l.shm_wake = std::make_unique<asio::steady_timer>(ex_);
+    shm_peers_.push_back(p);
+  }
+  const int fd = ::dup(shm.segment->bell_fds()[static_cast<std::size_t>(shm_me_)]);
+  if (fd < 0) shm::throw_errno("dup of the doorbell's eventfd");
+  bell_ = std::make_unique<asio::posix::stream_descriptor>(ex_, fd);
+  shm_ = std::move(shm.segment);
+}
+
+// Writing: the link's frames in order, as far as the ring has room; the
+// rest once the reader made some (poll_shm). A send is done once its
+// frame is in the ring: the buffer is free again.
+inline void transport::shm_write(int peer) {
+  peer_link& l = *links_[static_cast<std::size_t>(peer)];
+  if (l.shm_writer_blocked || l.lost || !l.socket.is_open()) return;
+  while (!l.frames.empty()) {
+    outgoing_frame& f = l.frames.front();
+    std::size_t& done = l.shm_frame_written;
+    if (done == 0 && f.cancelled) {
+      l.frames.pop_front();
+      continue;
+    }
+    constexpr std::size_t header_bytes = sizeof(wire_header);
+    const std::size_t total = header_bytes + f.bytes;
+    if (done < header_bytes)
+      done +=
+          l.shm->write_some(reinterpret_cast<const char*>(&f.header) + done, header_bytes - done);
+    if (done >= header_bytes && done < total)
+      done += l.shm->write_some(static_cast<const char*>(f.payload) + (done - header_bytes),
+                                total - done);
+    if (done < total) {
+      // The ring is full: the frame goes on once the peer has read. It is
+      // in progress (batch 1): a failed call's cancel leaves it be.
+      l.batch = 1;
+      if (f.item) f.item->in_flight = true;
+      l.shm->flush();
+      if (l.shm->writable()) continue;
+      l.shm_writer_blocked = true;
+      return;
+    }
+    done = 0;
+    l.batch = 0;
+    io_item* it = f.item;
+    const std::size_t bytes = f.bytes;
+    l.frames.pop_front();
+    if (!it) continue;
+    it->in_flight = false;
+    it->written += bytes;
+    if (!it->finished() && (!it->staged || it->written == it->bytes)) complete(*it);
+    it->op->wake();  // also when its op is draining
+  }
+  l.shm->flush();
+}
+
+// Reading: waits until the ring from the peer holds bytes; throws once
+// the link is closed here (operation_aborted) or the peer is gone and
+// everything it wrote has been read (eof), as a socket read would.
+inline detail::task<void> transport::shm_readable(peer_link& l) {
+  for (;;) {
+    if (!l.socket.is_open()) throw asio::system_error(asio::error::operation_aborted);
+    if (l.shm->readable()) co_return;
+    if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
+    l.shm_reader_waiting = true;
+    l.shm_wake->expires_at(detail::clock::time_point::max());
+    co_await l.shm_wake->async_wait(detail::use_task);
+    l.shm_reader_waiting = false;
+  }
+}
+
+// Wakes the readers whose rings have bytes (or whose peer is gone) and
+// resumes writers that have room again.
+// Whether any was.
+inline bool transport::poll_shm() {
+  bool any = false;
+  for (int p : shm_peers_) {
+    peer_link& l = *links_[static_cast<std::size_t>(p)];
+    if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
+      l.shm_reader_waiting = false;
+      l.shm_wake->cancel();
+      any = true;
+    }
+    if (l.shm_writer_blocked && l.socket.is_open() && l.shm->writable()) {
+      l.shm_writer_blocked = false;
+      shm_write(p);
+      any = true;
+    }
+  }
+  return any;
+}
+
+// Nothing is written to the socket of a shared memory link: it becomes
+// readable only when the peer closes it or dies.
+inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> self, int peer) {
+  peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
+  auto [ec] = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
+  l.shm_peer_gone = true;
+  if (l.shm_reader_waiting) {
+    l.shm_reader_waiting = false;
+    l.shm_wake->cancel();
+  }
+  // A writer waiting for room that a gone peer will never make.
+  if (l.shm_writer_blocked && !l.lost && !ec)
+    self->lose_link(peer, "writing to it failed: it closed the connection");
+}
+
+// This rank's doorbell: while no operation polls, a peer that writes to
+// it finds it asleep and writes its eventfd, which wakes this coroutine.
+inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self) {
+  shm::doorbell_word& bell = self->shm_->bell(static_cast<std::size_t>(self->shm_me_));
+  for (;;) {
+    // Asleep first, then a last look: a write made before this store is
+    // seen by the poll, one made after rings the bell.
+    bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    self->poll_shm();
+    auto [ec] =
+        co_await self->bell_->async_wait(asio::posix::descriptor_base::wait_read, detail::use_task);
+    if (ec || !self->bell_->is_open()) co_return;
+    std::uint64_t count = 0;
+    [[maybe_unused]] const ssize_t ignored =
+        ::read(self->bell_->native_handle(), &count, sizeof count);
+  }
+}
+
+// Polls the links for up to shm_spin, without yielding the thread (a
+// yield through a strand would allocate): true as soon as a reader was
+// woken or a writer went on, whose handlers run once the caller waits.
+// Peers that write meanwhile find this rank awake and ring no bell.
+inline bool transport::spin_shm() {
+  shm::doorbell_word& bell = shm_->bell(static_cast<std::size_t>(shm_me_));
+  bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
+  const auto until = detail::clock::now() + options_.shm_spin;
+  bool found = false;
+  for (int i = 0; !(found = poll_shm()); ++i) {
+    shm::cpu_relax();
+    if ((i & 15) == 15 && detail::clock::now() >= until) break;
+  }
+  bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return poll_shm() || found;
+}
+
+// Once no shared memory link is open, the doorbell closes too (its
+// listener holds the transport).
+inline void transport::close_bell_if_unused() {
+  if (!bell_ || !bell_->is_open()) return;
+  for (int p : shm_peers_)
+    if (links_[static_cast<std::size_t>(p)]->socket.is_open()) return;
+  asio::error_code ignored;
+  bell_->close(ignored);
+}
+
+}  // namespace dcomm::tcp

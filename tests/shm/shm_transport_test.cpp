@@ -1,0 +1,262 @@
+// The shared memory links of the CPU backend (tcp/shm_links.hpp, shm/):
+// which peers get them, what a killed rank leaves behind, the doorbell and
+// the handover. The collective and point-to-point suites run over them too
+// (every thread world of one process is one host; meson reruns them over
+// TCP only and as two hosts).
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcomm/shm/handover.hpp"
+#include "dcomm/shm/host_identity.hpp"
+#include "dcomm/store/hash_store.hpp"
+#include "doctest/doctest.h"
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+#include "support/fork_world.hpp"
+#include "support/listening_socket.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::test::comm;
+
+namespace {
+
+std::set<std::string> files_in(const char* dir) {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir(dir)) {
+    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+// This process's mappings of dcomm segments ("/memfd:dcomm-shm").
+int mapped_segments() {
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  int n = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, f))
+    if (std::string(line).find("memfd:dcomm-shm") != std::string::npos) ++n;
+  std::fclose(f);
+  return n;
+}
+
+}  // namespace
+
+TEST_SUITE("shared memory") {
+  TEST_CASE("host identity: boot id, host name and network namespace; DCOMM_HOST_ID overrides") {
+    const std::string id = dcomm::shm::host_identity();
+    CHECK(id.find("/net:[") != std::string::npos);
+    ::setenv("DCOMM_HOST_ID", "box-7", 1);
+    CHECK(dcomm::shm::host_identity() == "box-7");
+    ::unsetenv("DCOMM_HOST_ID");
+    CHECK(dcomm::shm::host_identity() == id);
+    CHECK(dcomm::shm::usable_cores() >= 1);
+  }
+
+  TEST_CASE("ranks of one host share memory, ranks of others talk TCP; DCOMM_TRANSPORT=tcp") {
+    DCOMM_TEST_DEADLINE(60s);
+    struct setup {
+      const char* transport;
+      int hosts;
+    };
+    for (setup s : {setup{"auto", 1}, setup{"auto", 2}, setup{"shm", 4}, setup{"tcp", 1}}) {
+      CAPTURE(s.transport);
+      CAPTURE(s.hosts);
+      constexpr int world = 4;
+      std::vector<std::string> links(world);
+      DCOMM_REQUIRE_WORLD(
+          world,
+          [&](comm& c, int r) -> asio::awaitable<void> {
+            for (int p = 0; p < world; ++p)
+              if (p != r)
+                links[static_cast<std::size_t>(r)] += std::string(c.backend().link_to(p));
+              else
+                links[static_cast<std::size_t>(r)] += "self";
+            // And the links carry every collective's data.
+            std::vector<double> v(1000, r + 1.0);
+            co_await c.all_reduce(v, dcomm::sum);
+            dcomm::test::require(v[999] == 10.0, "all_reduce over these links");
+          },
+          20s,
+          [&](int r) {
+            dcomm::tcp_backend::options o;
+            o.transport = s.transport;
+            o.host_id = "box-" + std::to_string(r * s.hosts / world);
+            return o;
+          });
+      for (int r = 0; r < world; ++r) {
+        std::string expected;
+        for (int p = 0; p < world; ++p)
+          expected +=
+              p == r ? "self"
+              : std::string(s.transport) != "tcp" && r * s.hosts / world == p * s.hosts / world
+                  ? "shm"
+                  : "tcp";
+        CHECK(links[static_cast<std::size_t>(r)] == expected);
+      }
+    }
+  }
+
+  TEST_CASE("a rank that says tcp talks TCP with everyone; the others still share memory") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::vector<std::string> links(3);
+    DCOMM_REQUIRE_WORLD(
+        3,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          for (int p = 0; p < 3; ++p)
+            if (p != r) links[static_cast<std::size_t>(r)] += std::string(c.backend().link_to(p));
+          std::vector<int> v(100000, 1);
+          co_await c.all_reduce(v, dcomm::sum);
+          dcomm::test::require(v[0] == 3 && v[99999] == 3, "all_reduce");
+        },
+        20s,
+        [](int r) {
+          dcomm::tcp_backend::options o;
+          o.transport = r == 1 ? "tcp" : "auto";
+          return o;
+        });
+    CHECK(links[0] == "tcpshm");
+    CHECK(links[1] == "tcptcp");
+    CHECK(links[2] == "shmtcp");
+  }
+
+  TEST_CASE("bad settings are refused before anything starts") {
+    DCOMM_TEST_DEADLINE(30s);
+    for (auto bad : {std::function<void(dcomm::tcp_backend::options&)>(
+                         [](auto& o) { o.transport = "infiniband"; }),
+                     std::function<void(dcomm::tcp_backend::options&)>(
+                         [](auto& o) { o.shm_ring_bytes = 3000; })}) {
+      auto errors = dcomm::test::comm_world(
+          2, [](comm&, int) -> asio::awaitable<void> { co_return; }, 5s,
+          [&](int) {
+            dcomm::tcp_backend::options o;
+            bad(o);
+            return o;
+          });
+      for (auto& e : errors) CHECK(e.find("invalid argument") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("segments are unmapped when the communicators go; none is ever a file") {
+    DCOMM_TEST_DEADLINE(60s);
+    const auto before = files_in("/dev/shm");
+    const int mapped = mapped_segments();
+    int during = 0;
+    DCOMM_REQUIRE_WORLD(3, [&](comm& c, int r) -> asio::awaitable<void> {
+      co_await c.barrier();
+      if (r == 0) during = mapped_segments();
+      co_await c.barrier();
+    });
+    CHECK(during == mapped + 3);  // one segment, mapped by each of the 3 ranks
+    CHECK(mapped_segments() == mapped);
+    CHECK(files_in("/dev/shm") == before);
+  }
+
+  TEST_CASE("SIGKILL mid-collective over shared memory: peer_lost naming it, nothing left") {
+    DCOMM_TEST_DEADLINE(90s);
+    const auto before = files_in("/dev/shm");
+    dcomm::test::listening_socket master;
+    const auto start = std::chrono::steady_clock::now();
+    auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+      ::setenv("WORLD_SIZE", "4", 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("DCOMM_TRANSPORT", "shm", 1);
+      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+      auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+      for (int p = 0; p < 4; ++p)
+        if (p != rank && c.backend().link_to(p) != "shm") return 5;
+      // Larger than a ring: the rank dies with frames half written.
+      std::vector<float> v(8 << 20, 1.0f);
+      c.all_reduce(v, dcomm::sum, dcomm::blocking);  // the links work
+      if (rank == 2) {
+        c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});  // started, never finished
+        std::this_thread::sleep_for(30ms);
+        ::kill(::getpid(), SIGKILL);
+      }
+      try {
+        c.all_reduce(v, dcomm::sum, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return e.code() == dcomm::errc::peer_lost &&
+                       e.context().peers.find('2') != std::string::npos
+                   ? 3
+                   : 4;
+      }
+      return 0;
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[2].signal == SIGKILL);
+    for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
+    CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
+    CHECK(files_in("/dev/shm") == before);
+  }
+
+  TEST_CASE("the handover drops strangers and wrong ranks; the real ranks still get the segment") {
+    DCOMM_TEST_DEADLINE(60s);
+    // Three ranks of one host; a stranger that knows the socket's name
+    // (it is in the store) connects first and sends garbage, another
+    // claims a rank that is not of this host, a third says nothing.
+    asio::io_context io;
+    auto store = dcomm::hash_store::create(io.get_executor());
+    const std::vector<int> local{0, 2, 5};
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    std::vector<std::shared_ptr<dcomm::shm::segment>> got(3);
+    std::string failure;
+    auto rank_task = [&](int i) -> asio::awaitable<void> {
+      try {
+        auto h = co_await dcomm::shm::host_segment::open(store, "t/shm", local[i], local, 4096,
+                                                         deadline);
+        got[static_cast<std::size_t>(i)] = h.get();
+        if (i == 0) {
+          // Serves until everyone came; stop() afterwards is harmless.
+          asio::steady_timer t(io, 2s);
+          co_await t.async_wait(asio::use_awaitable);
+          h.stop();
+        }
+      } catch (const std::exception& e) {
+        failure += e.what();
+      }
+    };
+    auto stranger = [&](int kind) -> asio::awaitable<void> {
+      const auto left = dcomm::detail::time_left(deadline);
+      const std::string name = co_await store->get("t/shm", left);
+      dcomm::shm::unix_socket s(io);
+      s.connect(dcomm::shm::handover_detail::abstract_endpoint(name));
+      if (kind == 0) {
+        const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+        ::send(s.native_handle(), junk, sizeof junk, MSG_NOSIGNAL);
+      } else if (kind == 1) {
+        dcomm::shm::handover_detail::hello h;
+        h.rank = 3;  // not of this host
+        ::send(s.native_handle(), &h, sizeof h, MSG_NOSIGNAL);
+      }
+      asio::steady_timer t(io, 3s);  // holds its connection open
+      co_await t.async_wait(asio::use_awaitable);
+    };
+    asio::co_spawn(io, rank_task(0), asio::detached);
+    for (int kind : {0, 1, 2}) asio::co_spawn(io, stranger(kind), asio::detached);
+    asio::co_spawn(io, rank_task(1), asio::detached);
+    asio::co_spawn(io, rank_task(2), asio::detached);
+    io.run_for(10s);
+    INFO(failure);
+    CHECK(failure.empty());
+    for (auto& seg : got) {
+      REQUIRE(seg);
+      CHECK(seg->ranks() == 3);
+    }
+    // One segment: a word written through one mapping is read through another.
+    got[1]->bell(0).state.store(7);
+    CHECK(got[2]->bell(0).state.load() == 7u);
+    CHECK(got[0]->bell(0).state.load() == 7u);
+  }
+}
