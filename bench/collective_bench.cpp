@@ -10,7 +10,8 @@
 // --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
 // fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
 // sum|min|max, --algo (ring, recursive_doubling, ...), --chunk-bytes,
-// --eager-limit, --staging-slice, --no-confirm (confirm_rooted off: the
+// --eager-limit, --staging-slice, --transport auto|shm|tcp (the links between
+// ranks of this host; the "links" column says which ran), --no-confirm (confirm_rooted off: the
 // tcp_backend options), --no-check,
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
 // backend stages through page-locked host memory; where built with CUDA).
@@ -73,7 +74,8 @@ struct settings {
   std::string redop = "sum";
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   bool check = true;
-  bool confirm = true;  // tcp_backend::options::confirm_rooted
+  bool confirm = true;    // tcp_backend::options::confirm_rooted
+  std::string transport;  // tcp_backend::options::transport; empty: the backend's
   std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0;  // 0: the backend's defaults
   bool cuda = false;                                                // tensors in GPU memory
 };
@@ -138,6 +140,10 @@ settings parse(int argc, char** argv) {
 #if !DCOMM_HAS_CUDA
       if (s.cuda) throw std::invalid_argument("--device cuda: this build has no CUDA runtime");
 #endif
+    } else if (a == "--transport") {
+      s.transport = value();
+      if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp")
+        throw std::invalid_argument("--transport: auto, shm or tcp");
     } else if (a == "--no-check") {
       s.check = false;
     } else if (a == "--no-confirm") {
@@ -148,7 +154,7 @@ settings parse(int argc, char** argv) {
           "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
-          "                 [--no-confirm] [--no-check]\n");
+          "                 [--transport auto|shm|tcp] [--no-confirm] [--no-check]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -367,10 +373,10 @@ class runner {
     if (rank == 0) {
       double algbw = static_cast<double>(row_bytes) / (median * 1e3);
       bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
-      std::printf("%14s %12zu %12zu %9s %7s %11.1f %8.3f %8.3f %7s %7.1f %6.1f\n", op.c_str(),
+      std::printf("%14s %12zu %12zu %9s %7s %6s %11.1f %8.3f %8.3f %7s %7.1f %6.1f\n", op.c_str(),
                   row_bytes, std::max(sh.in_count, sh.out_count),
                   std::string(dcomm::name(s_.type)).c_str(), reduces ? s_.redop.c_str() : "none",
-                  median, algbw, algbw * sh.bus_factor,
+                  links_.c_str(), median, algbw, algbw * sh.bus_factor,
                   errors < 0 ? "-" : std::to_string(errors).c_str(),
                   static_cast<double>(allocations) / iters, static_cast<double>(new_calls) / iters);
       std::fflush(stdout);
@@ -379,6 +385,13 @@ class runner {
 
   asio::awaitable<void> run() {
     int world = comm_.size();
+    // The links rank 0 has to its peers: "shm", "tcp" or "mixed".
+    for (int p = 0; p < world; ++p) {
+      if (p == comm_.rank()) continue;
+      const std::string l(comm_.backend().link_to(p));
+      links_ = links_.empty() || links_ == l ? l : "mixed";
+    }
+    if (links_.empty()) links_ = "-";
     if (comm_.rank() == 0) {
       std::printf(
           "# dcomm collective_bench: tcp_backend, world %d, dtype %s, algorithm %s%s\n", world,
@@ -388,10 +401,11 @@ class runner {
                   std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
                       ? "; sendrecv: half a round trip"
                       : "");
-      std::printf("%14s %12s %12s %9s %7s %11s %8s %8s %7s %7s %6s\n", "# op", "size(B)", "count",
-                  "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "allocs", "new");
-      std::printf("%14s %12s %12s %9s %7s %11s %8s %8s %7s %7s %6s\n", "#", "", "(elements)", "",
-                  "", "", "(GB/s)", "(GB/s)", "", "/call", "/call");
+      std::printf("%14s %12s %12s %9s %7s %6s %11s %8s %8s %7s %7s %6s\n", "# op", "size(B)",
+                  "count", "type", "redop", "links", "time(us)", "algbw", "busbw", "#wrong",
+                  "allocs", "new");
+      std::printf("%14s %12s %12s %9s %7s %6s %11s %8s %8s %7s %7s %6s\n", "#", "", "(elements)",
+                  "", "", "", "", "(GB/s)", "(GB/s)", "", "/call", "/call");
       std::fflush(stdout);
     }
     for (const auto& op : s_.ops) {
@@ -420,6 +434,7 @@ class runner {
 
   comm_type comm_;
   const settings& s_;
+  std::string links_;
 };
 
 int run_rank(const settings& s) {
@@ -430,6 +445,7 @@ int run_rank(const settings& s) {
   if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
   if (s.eager_limit) o.backend.eager_limit = s.eager_limit;
   o.backend.confirm_rooted = s.confirm;
+  if (!s.transport.empty()) o.backend.transport = s.transport;
   if (s.staging_slice) o.backend.staging_slice = s.staging_slice;
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);
