@@ -260,3 +260,46 @@ TEST_SUITE("shared memory") {
     CHECK(got[0]->bell(0).state.load() == 7u);
   }
 }
+
+TEST_SUITE("shared memory") {
+  TEST_CASE("a rank whose host's lowest rank vanishes mid-handover names it, typed") {
+    DCOMM_TEST_DEADLINE(60s);
+    // The lowest rank (0) publishes its socket, then dies: its socket
+    // closes with the member's hello unread.
+    asio::io_context io;
+    auto store = dcomm::hash_store::create(io.get_executor());
+    const std::string name = "dcomm-shm-test-" + std::to_string(::getpid());
+    dcomm::shm::unix_acceptor acceptor(io);
+    acceptor.open(dcomm::shm::unix_protocol(AF_UNIX, 0));
+    acceptor.bind(dcomm::shm::handover_detail::abstract_endpoint(name));
+    acceptor.listen();
+    std::string failure;
+    dcomm::errc code{};
+    auto dying_leader = [&]() -> asio::awaitable<void> {
+      co_await store->set("t/shm", name);
+      dcomm::shm::unix_socket s(io);
+      co_await acceptor.async_accept(s, asio::use_awaitable);
+      co_await s.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
+      s.close();  // unread hello: the member's read is reset
+      acceptor.close();
+    };
+    auto member = [&]() -> asio::awaitable<void> {
+      try {
+        // Named: no temporaries in a co_await (GCC PR 100611).
+        std::vector<int> local{0, 3};
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        co_await dcomm::shm::host_segment::open(store, "t/shm", 3, local, 4096, deadline);
+      } catch (const dcomm::error& e) {
+        failure = e.what();
+        code = static_cast<dcomm::errc>(e.code().value());
+        CHECK(e.context().peers == "rank 0");
+      }
+    };
+    asio::co_spawn(io, dying_leader(), asio::detached);
+    asio::co_spawn(io, member(), asio::detached);
+    io.run_for(15s);
+    INFO(failure);
+    CHECK(code == dcomm::errc::peer_lost);
+    CHECK(failure.find("rank 0") != std::string::npos);
+  }
+}

@@ -41,6 +41,12 @@ using unix_acceptor = asio::basic_socket_acceptor<unix_protocol>;
 
 namespace handover_detail {
 
+// A failed socket call, in Asio's category: detail::socket_error_code then
+// sees a reset or a refusal as what it is (peer_lost, connect_failed).
+[[noreturn]] inline void throw_socket_errno(const char* what) {
+  throw asio::system_error(asio::error_code(errno, asio::error::get_system_category()), what);
+}
+
 inline constexpr std::uint64_t hello_magic = 0x64636f6d6d68656cull;  // "dcommhel"
 struct hello {
   std::uint64_t magic = hello_magic;
@@ -84,7 +90,7 @@ inline void send_with_fds(int socket, const void* bytes, std::size_t n,
   c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
   std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   if (::sendmsg(socket, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(n))
-    throw_errno("sendmsg of the shared memory segment");
+    throw_socket_errno("sendmsg of the shared memory segment");
 }
 
 // Receives one message of `n` bytes and the descriptors attached to it
@@ -99,7 +105,7 @@ inline std::vector<int> receive_with_fds(int socket, void* bytes, std::size_t n,
   msg.msg_control = control.data();
   msg.msg_controllen = control.size();
   const ssize_t got = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  if (got < 0) throw_errno("recvmsg of the shared memory segment");
+  if (got < 0) throw_socket_errno("recvmsg of the shared memory segment");
   std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -110,7 +116,7 @@ inline std::vector<int> receive_with_fds(int socket, void* bytes, std::size_t n,
     }
   if (got != static_cast<ssize_t>(n) || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
     for (int fd : fds) ::close(fd);
-    throw std::system_error(EPROTO, std::generic_category(),
+    throw std::system_error(EPROTO, std::system_category(),
                             "a short or truncated shared memory handover");
   }
   return fds;
@@ -232,7 +238,7 @@ inline asio::awaitable<std::shared_ptr<segment>> join(std::shared_ptr<store> s, 
   hello h;
   h.rank = rank;
   if (::send(sock.native_handle(), &h, sizeof h, MSG_NOSIGNAL) != sizeof h)
-    throw_errno("send to the host's lowest rank");
+    throw_socket_errno("send to the host's lowest rank");
   error_context late{
       .operation = "shm handover",
       .rank = rank,
@@ -248,7 +254,7 @@ inline asio::awaitable<std::shared_ptr<segment>> join(std::shared_ptr<store> s, 
       receive_with_fds(sock.native_handle(), &answer, sizeof answer, local.size() + 1);
   if (answer.magic != hello_magic || answer.rank != rank || fds.size() != local.size() + 1) {
     for (int fd : fds) ::close(fd);
-    throw std::system_error(EPROTO, std::generic_category(),
+    throw std::system_error(EPROTO, std::system_category(),
                             "the shared memory handover is not dcomm's");
   }
   const int memfd = fds.front();
@@ -270,8 +276,9 @@ class host_segment {
                                             detail::clock::time_point deadline) {
     std::exception_ptr failure;
     host_segment h;
+    const int leader = local.front();
     try {
-      if (rank == local.front()) {
+      if (rank == leader) {
         h.server_ = co_await handover_detail::lead(std::move(s), key, std::move(local), ring_bytes,
                                                    deadline);
         h.segment_ = h.server_->seg;
@@ -282,13 +289,25 @@ class host_segment {
     } catch (...) {
       failure = std::current_exception();
     }
-    if (failure)
-      detail::rethrow_as_dcomm_error(
-          failure, {.operation = "shm handover",
-                    .rank = rank,
-                    .key = key,
-                    .detail = "sharing memory with the ranks of this host failed (set "
-                              "DCOMM_TRANSPORT=tcp to go without it)"});
+    // Only the lowest rank can fail a rank that fetches the segment: a
+    // reset, a refusal or silence is its loss, and names it.
+    const std::string blame = rank == leader ? std::string() : "rank " + std::to_string(leader);
+    if (failure) {
+      try {
+        detail::rethrow_as_dcomm_error(
+            failure, {.operation = "shm handover",
+                      .rank = rank,
+                      .peers = blame,
+                      .key = key,
+                      .detail = "sharing memory with the ranks of this host failed (set "
+                                "DCOMM_TRANSPORT=tcp to go without it)"});
+      } catch (const dcomm::error& e) {
+        if (!e.context().peers.empty() || blame.empty()) throw;
+        error_context c = e.context();
+        c.peers = blame;
+        throw error(e.code(), std::move(c));
+      }
+    }
     co_return h;
   }
 

@@ -82,7 +82,7 @@ struct segment_layout {
 };
 
 [[noreturn]] inline void throw_errno(const char* what) {
-  throw std::system_error(errno, std::generic_category(), what);
+  throw std::system_error(errno, std::system_category(), what);
 }
 
 // A mapped segment and its file descriptors (the memfd, one eventfd per
@@ -124,7 +124,7 @@ class segment {
     if (::pread(memfd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
         h.magic != segment_header::expected_magic || h.ranks != s.bells_.size() || h.ranks < 2 ||
         h.ring_bytes == 0 || (h.ring_bytes & (h.ring_bytes - 1)) != 0)
-      throw std::system_error(EPROTO, std::generic_category(),
+      throw std::system_error(EPROTO, std::system_category(),
                               "the shared memory segment handed over is not dcomm's");
     s.layout_ = {h.ranks, h.ring_bytes};
     s.map();

@@ -95,7 +95,9 @@ struct peer_link {
   // A peer on this host: frames go through shared memory, and the socket
   // only tells when the peer is gone (tcp/shm_links.hpp).
   std::unique_ptr<shm::channel> shm;
-  std::unique_ptr<asio::steady_timer> shm_wake;  // the reader waits on it for bytes
+  // The timer the reader waits on for bytes (its own, in its frame: an I/O
+  // object must not outlive its io_context, and the transport may).
+  asio::steady_timer* shm_wake = nullptr;
   bool shm_reader_waiting = false;
   bool shm_writer_blocked = false;    // the ring was full
   bool shm_peer_gone = false;         // what its ring holds is all there will be

@@ -33,12 +33,8 @@ inline void transport::use_shm(shm_links shm) {
     if (p == rank_) continue;
     peer_link& l = *links_[static_cast<std::size_t>(p)];
     l.shm = std::make_unique<shm::channel>(*shm.segment, static_cast<std::size_t>(shm_me_), i);
-    l.shm_wake = std::make_unique<asio::steady_timer>(ex_);
     shm_peers_.push_back(p);
   }
-  const int fd = ::dup(shm.segment->bell_fds()[static_cast<std::size_t>(shm_me_)]);
-  if (fd < 0) shm::throw_errno("dup of the doorbell's eventfd");
-  bell_ = std::make_unique<asio::posix::stream_descriptor>(ex_, fd);
   shm_ = std::move(shm.segment);
 }
 
@@ -91,14 +87,24 @@ inline void transport::shm_write(int peer) {
 // the link is closed here (operation_aborted) or the peer is gone and
 // everything it wrote has been read (eof), as a socket read would.
 inline detail::task<void> transport::shm_readable(peer_link& l) {
+  asio::steady_timer wake(l.socket.get_executor(), detail::clock::time_point::max());
+  struct forget {
+    peer_link& l;
+    ~forget() {
+      l.shm_wake = nullptr;
+      l.shm_reader_waiting = false;
+    }
+  } guard{l};
   for (;;) {
     if (!l.socket.is_open()) throw asio::system_error(asio::error::operation_aborted);
     if (l.shm->readable()) co_return;
     if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
+    l.shm_wake = &wake;
     l.shm_reader_waiting = true;
-    l.shm_wake->expires_at(detail::clock::time_point::max());
-    co_await l.shm_wake->async_wait(detail::use_task);
+    co_await wake.async_wait(detail::use_task);
+    l.shm_wake = nullptr;
     l.shm_reader_waiting = false;
+    wake.expires_at(detail::clock::time_point::max());
   }
 }
 
@@ -111,7 +117,7 @@ inline bool transport::poll_shm() {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
     if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
       l.shm_reader_waiting = false;
-      l.shm_wake->cancel();
+      if (l.shm_wake) l.shm_wake->cancel();
       any = true;
     }
     if (l.shm_writer_blocked && l.socket.is_open() && l.shm->writable()) {
@@ -131,7 +137,7 @@ inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> s
   l.shm_peer_gone = true;
   if (l.shm_reader_waiting) {
     l.shm_reader_waiting = false;
-    l.shm_wake->cancel();
+    if (l.shm_wake) l.shm_wake->cancel();
   }
   // A writer waiting for room that a gone peer will never make.
   if (l.shm_writer_blocked && !l.lost && !ec)
@@ -140,8 +146,19 @@ inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> s
 
 // This rank's doorbell: while no operation polls, a peer that writes to
 // it finds it asleep and writes its eventfd, which wakes this coroutine.
+// The descriptor lives in this frame (an I/O object must not outlive its
+// io_context, and the transport may); close_bell_if_unused closes it.
 inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self) {
-  shm::doorbell_word& bell = self->shm_->bell(static_cast<std::size_t>(self->shm_me_));
+  const auto me = static_cast<std::size_t>(self->shm_me_);
+  const int fd = ::dup(self->shm_->bell_fds()[me]);
+  if (fd < 0) co_return;  // out of descriptors: peers' writes are still seen when polling
+  asio::posix::stream_descriptor descriptor(self->ex_, fd);
+  struct forget {
+    transport& t;
+    ~forget() { t.bell_ = nullptr; }
+  } guard{*self};
+  self->bell_ = &descriptor;
+  shm::doorbell_word& bell = self->shm_->bell(me);
   for (;;) {
     // Asleep first, then a last look: a write made before this store is
     // seen by the poll, one made after rings the bell.
@@ -149,11 +166,11 @@ inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self
     std::atomic_thread_fence(std::memory_order_seq_cst);
     self->poll_shm();
     auto [ec] =
-        co_await self->bell_->async_wait(asio::posix::descriptor_base::wait_read, detail::use_task);
-    if (ec || !self->bell_->is_open()) co_return;
+        co_await descriptor.async_wait(asio::posix::descriptor_base::wait_read, detail::use_task);
+    if (ec || !descriptor.is_open()) co_return;
     std::uint64_t count = 0;
     [[maybe_unused]] const ssize_t ignored =
-        ::read(self->bell_->native_handle(), &count, sizeof count);
+        ::read(descriptor.native_handle(), &count, sizeof count);
   }
 }
 

@@ -130,7 +130,7 @@ inline void transport::close_link(peer_link& l) {
     l.shm_frame_written = 0;
     l.batch = 0;
     l.shm_writer_blocked = false;
-    if (l.shm_reader_waiting) l.shm_wake->cancel();
+    if (l.shm_wake) l.shm_wake->cancel();
     close_bell_if_unused();
   }
   if (closed_ &&

@@ -121,7 +121,7 @@ class transport : public std::enable_shared_from_this<transport> {
     for (int p = 0; p < world_; ++p)
       if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
     for (int p : shm_peers_) detail::start(ex_, watch_shm_peer(shared_from_this(), p), none);
-    if (bell_) detail::start(ex_, listen_bell(shared_from_this()), none);
+    if (shm_) detail::start(ex_, listen_bell(shared_from_this()), none);
   }
   // Whether frames to rank p go through shared memory.
   bool shm_link(int p) const { return links_[static_cast<std::size_t>(p)]->shm != nullptr; }
@@ -442,7 +442,7 @@ class transport : public std::enable_shared_from_this<transport> {
   std::shared_ptr<shm::segment> shm_;
   int shm_me_ = -1;
   std::vector<int> shm_peers_;
-  std::unique_ptr<asio::posix::stream_descriptor> bell_;
+  asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
   bool aborted_ = false;
   bool closed_ = false;
 };
