@@ -5,6 +5,7 @@
 #pragma once
 
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -116,6 +117,14 @@ inline void transport::say_goodbye() {
 inline void transport::close_link(peer_link& l) {
   asio::error_code ignored;
   if (!l.socket.is_open()) return;
+  // A shared memory link's goodbye went through its ring; its socket gets
+  // one too, for a peer still in its mesh, which watches only the socket
+  // (tcp/mesh_acceptance.hpp): gone in order, or because of whom.
+  if (l.shm && !l.lost) {
+    const wire_header b = goodbye(first_reason_, first_culprit_);
+    [[maybe_unused]] const auto sent =
+        ::send(l.socket.native_handle(), &b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
   l.socket.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
   l.socket.close(ignored);
   if (l.shm) {
