@@ -9,7 +9,8 @@
 // reduce_scatter all_to_all gather scatter barrier sendrecv), --world N,
 // --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
 // fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
-// sum|min|max, --algo (ring, recursive_doubling, ...), --chunk-bytes,
+// sum|min|max, --algo (ring, recursive_doubling, shared_memory, ...), --chunk-bytes,
+// --slot-bytes (the shared memory arena's step),
 // --eager-limit, --staging-slice, --transport auto|shm|tcp (the links between
 // ranks of this host; the "links" column says which ran), --no-confirm (confirm_rooted off: the
 // tcp_backend options), --no-check,
@@ -76,8 +77,9 @@ struct settings {
   bool check = true;
   bool confirm = true;    // tcp_backend::options::confirm_rooted
   std::string transport;  // tcp_backend::options::transport; empty: the backend's
-  std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0;  // 0: the backend's defaults
-  bool cuda = false;                                                // tensors in GPU memory
+  std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0,
+              slot_bytes = 0;  // 0: the backend's defaults
+  bool cuda = false;           // tensors in GPU memory
 };
 
 using dcomm::bench::parse_bytes;
@@ -129,6 +131,8 @@ settings parse(int argc, char** argv) {
       s.algo = *parsed;
     } else if (a == "--chunk-bytes") {
       s.chunk_bytes = parse_bytes(value());
+    } else if (a == "--slot-bytes") {
+      s.slot_bytes = parse_bytes(value());
     } else if (a == "--eager-limit") {
       s.eager_limit = parse_bytes(value());
     } else if (a == "--staging-slice") {
@@ -153,6 +157,7 @@ settings parse(int argc, char** argv) {
           "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
           "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
+          "                 [--slot-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
           "                 [--transport auto|shm|tcp] [--no-confirm] [--no-check]\n");
       std::exit(0);
@@ -443,6 +448,7 @@ int run_rank(const settings& s) {
   // Spawned ranks share this host: keep the mesh on loopback.
   if (s.world > 0) o.backend.bind_host = "127.0.0.1";
   if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
+  if (s.slot_bytes) o.backend.shm_slot_bytes = s.slot_bytes;
   if (s.eager_limit) o.backend.eager_limit = s.eager_limit;
   o.backend.confirm_rooted = s.confirm;
   if (!s.transport.empty()) o.backend.transport = s.transport;

@@ -68,6 +68,7 @@ enum class algorithm : std::uint8_t {
   ring,                // chunked, pipelined ring (reduce-scatter + all-gather)
   binomial_tree,       // log2(world) levels below the root
   chain,               // pipelined chain through every rank from the root
+  shared_memory,       // ranks of one host meet in its shared arena (tcp)
 };
 
 constexpr std::string_view name(algorithm a) noexcept {
@@ -84,13 +85,16 @@ constexpr std::string_view name(algorithm a) noexcept {
       return "binomial_tree";
     case algorithm::chain:
       return "chain";
+    case algorithm::shared_memory:
+      return "shared_memory";
   }
   return "unknown";
 }
 
 inline std::optional<algorithm> parse_algorithm(std::string_view s) {
-  for (auto a : {algorithm::automatic, algorithm::direct, algorithm::recursive_doubling,
-                 algorithm::ring, algorithm::binomial_tree, algorithm::chain})
+  for (auto a :
+       {algorithm::automatic, algorithm::direct, algorithm::recursive_doubling, algorithm::ring,
+        algorithm::binomial_tree, algorithm::chain, algorithm::shared_memory})
     if (name(a) == s) return a;
   return std::nullopt;
 }

@@ -31,6 +31,7 @@
 #include "dcomm/tcp/algorithms/reduce.hpp"
 #include "dcomm/tcp/algorithms/reduce_scatter.hpp"
 #include "dcomm/tcp/algorithms/scatter.hpp"
+#include "dcomm/tcp/algorithms/shared_memory.hpp"
 #include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/connect.hpp"
 #include "dcomm/tcp/staging.hpp"
@@ -97,6 +98,10 @@ class tcp_backend {
     std::string host_id = "";
     // Each shared memory link's ring, per direction (a power of two).
     std::size_t shm_ring_bytes = 1 << 20;
+    // Each of a rank's two slots in the host's arena, where the collectives
+    // of a group on one host meet (a multiple of 4096): what one step of
+    // an operation moves per rank.
+    std::size_t shm_slot_bytes = 256 * 1024;
     // How long a waiting operation polls shared memory before it sleeps
     // (a system call to wake it then); $DCOMM_SHM_SPIN_US if set. Polling
     // stops where the ranks of the host outnumber the cores this process
@@ -126,9 +131,15 @@ class tcp_backend {
                   {.operation = "tcp_backend",
                    .expected = "shm_ring_bytes: a power of two of at least 4096",
                    .seen = std::to_string(o.shm_ring_bytes)});
-    const tcp::shm_options shm{.links = tcp::parse_link_choice(o.transport),
-                               .ring_bytes = o.shm_ring_bytes,
-                               .host_id = o.host_id};
+    if (o.shm_slot_bytes == 0 || o.shm_slot_bytes % 4096 != 0)
+      throw_error(errc::invalid_argument,
+                  {.operation = "tcp_backend",
+                   .expected = "shm_slot_bytes: a positive multiple of 4096",
+                   .seen = std::to_string(o.shm_slot_bytes)});
+    const tcp::shm_options shm{
+        .links = tcp::parse_link_choice(o.transport),
+        .sizes = {.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes},
+        .host_id = o.host_id};
     auto net = co_await tcp::connect_transport(
         std::move(s), rank, world, std::move(mesh),
         {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin}, deadline, shm);
@@ -257,17 +268,26 @@ class tcp_backend {
   // of itself (tcp/staging.hpp); the host form chooses its algorithm from
   // tcp/tuning.hpp's table and runs it from tcp/algorithms/<op>.hpp.
   detail::task<void> barrier(op_context ctx) {
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier), "barrier");
-    co_await c.run([&]() -> detail::task<void> { co_await tcp::dissemination_barrier(c); });
+    const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
+    co_await c.run([&]() -> detail::task<void> {
+      if (arena)
+        co_await tcp::shm_barrier(c);
+      else
+        co_await tcp::dissemination_barrier(c);
+    });
   }
 
-  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root) {
+  // `staged`: the host copy of a CUDA tensor (never in the arena: its call
+  // starts late, out of the order the arena's calls keep).
+  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root, bool staged = false) {
     const bool is_root = ctx.group->rank == root;
     if (staging_.sliced(buf) && ctx.group->size() > 1) {
       const tcp::slice_plan plan = staging_.plan(buf);
-      tcp::call c(*net_, ctx, true,
-                  sig(ctx, coll_op::broadcast, buf.type, buf.count, root, nullptr, plan.slices),
-                  "broadcast");
+      tcp::call c(
+          *net_, ctx, true,
+          sig(ctx, coll_op::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices),
+          "broadcast");
       co_await staging_.sliced_call(c, ctx.deadline, plan, is_root ? buf.data : nullptr,
                                     is_root ? nullptr : buf.data, buf.device.index, "broadcast",
                                     tcp::staging::no_start,
@@ -278,14 +298,17 @@ class tcp_backend {
     }
     if (tcp::staging::needed(buf)) {
       co_await staging_.whole({}, buf, {.initial = is_root},
-                              [&](auto, auto b) { return broadcast(ctx, b, root); });
+                              [&](auto, auto b) { return broadcast(ctx, b, root, true); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, buf.type, buf.count, root),
+    const bool arena = !staged && via_arena(ctx, coll_op::broadcast, "broadcast");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
                 "broadcast");
     co_await c.run([&]() -> detail::task<void> {
-      if (c.size() == 1) co_return;
-      co_await broadcast_on(c, buf.data, buf.bytes(), root);
+      if (arena)
+        co_await tcp::shm_broadcast(c, buf.data, buf.bytes(), root);
+      else if (c.size() > 1)
+        co_await broadcast_on(c, buf.data, buf.bytes(), root);
     });
   }
 
@@ -295,7 +318,8 @@ class tcp_backend {
     if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
       const tcp::slice_plan plan = staging_.plan(in);
       tcp::call c(*net_, ctx, true,
-                  sig(ctx, coll_op::reduce, in.type, in.count, root, &op, plan.slices), "reduce");
+                  sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op, plan.slices),
+                  "reduce");
       // In place on a slice of the block: the result goes back to the
       // root's output, and to a non-root's buffer only if it is also its
       // input (which the host algorithm may have used).
@@ -312,19 +336,20 @@ class tcp_backend {
                               [&](auto i, auto o) { return reduce(ctx, i, o, op, root); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, in.type, in.count, root, &op),
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op),
                 "reduce");
     co_await c.run([&]() -> detail::task<void> {
       co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
 
-  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op) {
+  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
+                                bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
       const tcp::slice_plan plan = staging_.plan(out);
       tcp::call c(*net_, ctx, true,
-                  sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op, plan.slices),
+                  sig(ctx, coll_op::all_reduce, false, out.type, out.count, -1, &op, plan.slices),
                   "all_reduce");
       co_await staging_.sliced_call(
           c, ctx.deadline, plan, in.data, out.data, out.device.index, "all_reduce",
@@ -335,13 +360,17 @@ class tcp_backend {
     }
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.in_place = in_place},
-                              [&](auto i, auto o) { return all_reduce(ctx, i, o, op); });
+                              [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_reduce, out.type, out.count, -1, &op),
-                "all_reduce");
+    const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
+    tcp::call c(*net_, ctx, true,
+                sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
     co_await c.run([&]() -> detail::task<void> {
-      co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
+      if (arena)
+        co_await tcp::shm_all_reduce(c, in.data, out.data, out.count, size_of(out.type), op);
+      else
+        co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
     });
   }
 
@@ -352,7 +381,8 @@ class tcp_backend {
                               [&](auto i, auto o) { return scatter(ctx, i, o, root); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, out.type, out.count, root), "scatter");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
+                "scatter");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::scatter);
       co_await tcp::direct_scatter(c, in.data, out.data, out.bytes(), root);
@@ -366,22 +396,29 @@ class tcp_backend {
                               [&](auto i, auto o) { return gather(ctx, i, o, root); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, in.type, in.count, root), "gather");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
+                "gather");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::gather);
       co_await tcp::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
 
-  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out) {
+  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out,
+                                bool staged = false) {
     if (tcp::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_gather(ctx, i, o); });
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, in.type, in.count), "all_gather");
+    const bool arena = !staged && via_arena(ctx, coll_op::all_gather, "all_gather");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
+                "all_gather");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(in.type);
-      if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
+      if (arena)
+        co_await tcp::shm_all_gather(c, in.data, out.data, in.bytes());
+      else if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
         co_await tcp::direct_all_gather(c, in.data, out.data, in.count, es);
       else
         co_await tcp::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
@@ -396,7 +433,8 @@ class tcp_backend {
                               [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce_scatter, out.type, out.count, -1, &op),
+    tcp::call c(*net_, ctx, true,
+                sig(ctx, coll_op::reduce_scatter, false, out.type, out.count, -1, &op),
                 "reduce_scatter");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
@@ -415,7 +453,7 @@ class tcp_backend {
       co_return;
     }
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, in.type, in.count / n),
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
                 "all_to_all");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all);
@@ -428,7 +466,8 @@ class tcp_backend {
     if (tcp::staging::needed(in))
       co_return co_await staging_.whole(
           in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, in.type, 0), "all_gather_v");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
+                "all_gather_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_gather_v);
@@ -444,7 +483,8 @@ class tcp_backend {
       co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
         return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
       });
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, in.type, 0), "all_to_all_v");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, false, in.type, 0),
+                "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all_v);
@@ -469,8 +509,9 @@ class tcp_backend {
   static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
     return {.op = coll_op::p2p, .type = t, .count = count};
   }
-  // `slices`: of a CUDA tensor staged slice by slice (0: not sliced).
-  tcp::call_signature sig(const op_context& ctx, coll_op op, dtype t = dtype::uint8,
+  // `arena`: the call runs in the host's arena; `slices`: of a CUDA tensor
+  // staged slice by slice (0: not sliced).
+  tcp::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
                           std::size_t count = 0, int root = -1, const reducer* r = nullptr,
                           std::size_t slices = 0) const {
     return {.op = op,
@@ -481,8 +522,28 @@ class tcp_backend {
             .count = count,
             .slices = static_cast<std::uint32_t>(slices),
             .algo = tcp::requested(op, ctx.algorithm, overrides_),
-            .confirmed = static_cast<std::uint8_t>(
-                o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0)};
+            .confirmed =
+                static_cast<std::uint8_t>(o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0),
+            .arena = static_cast<std::uint8_t>(arena ? 1 : 0)};
+  }
+
+  // Whether the call runs in the host's arena: the op has a shared memory
+  // algorithm, the call asks for it or for none, and the group's ranks all
+  // share this host's arena (the world group where every rank is here). A
+  // call that asks for it elsewhere is refused, on every rank alike.
+  bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
+    if (!tcp::algorithms_of(op).shared_memory) return false;
+    const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
+    if (asked != algorithm::automatic && asked != algorithm::shared_memory) return false;
+    if (net_->arena_serves(*ctx.group)) return true;
+    if (asked == algorithm::shared_memory)
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .rank = rank(),
+                   .detail = "algorithm shared_memory needs a group whose ranks all share this "
+                             "host's arena: the world group, every rank on one host, links not "
+                             "set to tcp"});
+    return false;
   }
 
   // The algorithm this call runs (tcp::choose: the one its signature asks

@@ -145,6 +145,55 @@ TEST_SUITE("shared memory") {
     }
   }
 
+  TEST_CASE("the arena: chosen for the world on one host, refused where it cannot serve") {
+    DCOMM_TEST_DEADLINE(60s);
+    const dcomm::op_options arena{.timeout = 10s, .algorithm = dcomm::algorithm::shared_memory};
+    // One host: automatic calls meet in the arena (a mismatch says so);
+    // a group other than the world keeps its messages, and refuses it.
+    DCOMM_REQUIRE_WORLD(4, [&](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<float> v(static_cast<std::size_t>(10 + r % 2), 1.0f);
+      auto [code, what] = co_await dcomm::test::failure_of(
+          [&] { return c.all_reduce(v, dcomm::sum, {.timeout = 10s}); });
+      dcomm::test::require(code == dcomm::errc::mismatch &&
+                               dcomm::test::contains(what, "float32 x 10, sum) in shared memory") &&
+                               dcomm::test::contains(what, "float32 x 11, sum) in shared memory"),
+                           "a mismatch in the arena names both calls: " + what);
+      co_await c.barrier(arena);
+      auto pair = c.new_group({0, 1});
+      if (pair) {
+        std::vector<int> one{1};
+        auto [refused, why] = co_await dcomm::test::failure_of(
+            [&] { return pair->all_reduce(one, dcomm::sum, arena); });
+        dcomm::test::require(refused == dcomm::errc::invalid_argument &&
+                                 dcomm::test::contains(why, "shared_memory needs"),
+                             "a subgroup refuses the arena: " + why);
+        co_await pair->all_reduce(one, dcomm::sum);
+        dcomm::test::require(one[0] == 2, "the subgroup's messages still work");
+      }
+      co_await c.barrier(arena);
+    });
+    // Two hosts: nobody has the arena.
+    auto errors = dcomm::test::comm_world(
+        4,
+        [&](comm& c, int) -> asio::awaitable<void> {
+          std::vector<int> one{1};
+          auto [code, what] = co_await dcomm::test::failure_of(
+              [&] { return c.all_reduce(one, dcomm::sum, arena); });
+          dcomm::test::require(code == dcomm::errc::invalid_argument,
+                               "refused across hosts: " + what);
+          co_await c.all_reduce(one, dcomm::sum);
+          dcomm::test::require(one[0] == 4, "automatic across hosts");
+        },
+        20s,
+        [](int r) {
+          dcomm::tcp_backend::options o;
+          o.host_id = "box-" + std::to_string(r / 2);
+          return o;
+        });
+    INFO(dcomm::test::summary(errors));
+    for (auto& e : errors) CHECK(e.empty());
+  }
+
   TEST_CASE("segments are unmapped when the communicators go; none is ever a file") {
     DCOMM_TEST_DEADLINE(60s);
     const auto before = files_in("/dev/shm");
@@ -175,14 +224,17 @@ TEST_SUITE("shared memory") {
       auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
       for (int p = 0; p < 4; ++p)
         if (p != rank && c.backend().link_to(p) != "shm") return 5;
-      // Larger than a ring: the rank dies with frames half written.
+      // Many arena steps (and larger than a ring, over the links).
       std::vector<float> v(8 << 20, 1.0f);
       c.all_reduce(v, dcomm::sum, dcomm::blocking);  // the links work
       if (rank == 2) {
-        c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});  // started, never finished
+        // Started, its first step published, never finished: the others
+        // come later, so it dies holding its slot.
+        c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
         std::this_thread::sleep_for(30ms);
         ::kill(::getpid(), SIGKILL);
       }
+      std::this_thread::sleep_for(300ms);
       try {
         c.all_reduce(v, dcomm::sum, dcomm::blocking);
       } catch (const dcomm::error& e) {
@@ -214,8 +266,8 @@ TEST_SUITE("shared memory") {
     std::string failure;
     auto rank_task = [&](int i) -> asio::awaitable<void> {
       try {
-        auto h = co_await dcomm::shm::host_segment::open(store, "t/shm", local[i], local, 4096,
-                                                         deadline);
+        auto h = co_await dcomm::shm::host_segment::open(store, "t/shm", local[i], local,
+                                                         {.ring_bytes = 4096}, deadline);
         got[static_cast<std::size_t>(i)] = h.get();
         if (i == 0) {
           // Serves until everyone came; stop() afterwards is harmless.
@@ -288,7 +340,8 @@ TEST_SUITE("shared memory") {
         // Named: no temporaries in a co_await (GCC PR 100611).
         std::vector<int> local{0, 3};
         const auto deadline = std::chrono::steady_clock::now() + 10s;
-        co_await dcomm::shm::host_segment::open(store, "t/shm", 3, local, 4096, deadline);
+        co_await dcomm::shm::host_segment::open(store, "t/shm", 3, local, {.ring_bytes = 4096},
+                                                deadline);
       } catch (const dcomm::error& e) {
         failure = e.what();
         code = static_cast<dcomm::errc>(e.code().value());

@@ -204,11 +204,11 @@ inline asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
 // never waits for a rank that died here (the mesh names such a rank).
 inline asio::awaitable<std::shared_ptr<server_state>> lead(std::shared_ptr<store> s,
                                                            std::string key, std::vector<int> local,
-                                                           std::size_t ring_bytes,
+                                                           segment_sizes sizes,
                                                            detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   auto sv = std::make_shared<server_state>(
-      server_state{std::make_shared<segment>(segment::create(local.size(), ring_bytes)),
+      server_state{std::make_shared<segment>(segment::create(local.size(), sizes)),
                    unix_acceptor(ex), std::vector<int>(local.begin() + 1, local.end())});
   std::string name;
   for (int attempt = 0;; ++attempt) {  // a name taken by chance: draw again
@@ -272,15 +272,15 @@ inline asio::awaitable<std::shared_ptr<segment>> join(std::shared_ptr<store> s, 
 class host_segment {
  public:
   static asio::awaitable<host_segment> open(std::shared_ptr<store> s, std::string key, int rank,
-                                            std::vector<int> local, std::size_t ring_bytes,
+                                            std::vector<int> local, segment_sizes sizes,
                                             detail::clock::time_point deadline) {
     std::exception_ptr failure;
     host_segment h;
     const int leader = local.front();
     try {
       if (rank == leader) {
-        h.server_ = co_await handover_detail::lead(std::move(s), key, std::move(local), ring_bytes,
-                                                   deadline);
+        h.server_ =
+            co_await handover_detail::lead(std::move(s), key, std::move(local), sizes, deadline);
         h.segment_ = h.server_->seg;
       } else {
         h.segment_ =

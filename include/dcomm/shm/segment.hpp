@@ -1,8 +1,9 @@
 // The shared memory of the ranks on one host: one segment per communicator
 // and host, made by the host's lowest rank (shm/handover.hpp) and mapped by
 // every rank there. It holds, for each ordered pair of local ranks, a
-// byte ring (shm/ring.hpp), and for each local rank a doorbell: a word
-// saying whether the rank sleeps, and an eventfd that wakes it.
+// byte ring (shm/channel.hpp), for each local rank a doorbell: a word
+// saying whether the rank sleeps, and an eventfd that wakes it, and the
+// arena where the collectives meet (shm/arena.hpp).
 //
 // The segment is a memfd: it has no name anywhere, so nothing is left
 // behind when the job ends, even by SIGKILL (the kernel frees it with the
@@ -25,9 +26,9 @@
 #include <utility>
 #include <vector>
 
-namespace dcomm::shm {
+#include "dcomm/shm/arena.hpp"
 
-inline constexpr std::size_t cache_line = 64;
+namespace dcomm::shm {
 
 // A rank's doorbell word. Its owner says `asleep` before it waits on its
 // eventfd and `awake` while it polls; a writer that finds it `asleep`
@@ -59,13 +60,21 @@ struct segment_header {
   std::uint32_t ranks = 0;
   std::uint32_t reserved = 0;
   std::uint64_t ring_bytes = 0;
+  std::uint64_t slot_bytes = 0;
+};
+
+// The sizes a segment is made with.
+struct segment_sizes {
+  std::size_t ring_bytes = 1 << 20;  // per direction and pair; a power of two
+  std::size_t slot_bytes = 1 << 18;  // each of a rank's two arena slots; a multiple of 4096
 };
 
 // Where everything is in a segment of `ranks` local ranks with rings of
-// `ring_bytes` (a power of two).
+// `ring_bytes` (a power of two) and arena slots of `slot_bytes`.
 struct segment_layout {
   std::size_t ranks = 0;
   std::size_t ring_bytes = 0;
+  std::size_t slot_bytes = 0;
 
   std::size_t pairs() const { return ranks * (ranks - 1); }
   // Ring (from -> to), from != to, numbered without the diagonal.
@@ -78,7 +87,9 @@ struct segment_layout {
     const std::size_t end = controls_at() + pairs() * sizeof(ring_control);
     return (end + 4095) / 4096 * 4096;  // ring data starts on a page
   }
-  std::size_t bytes() const { return data_at() + pairs() * ring_bytes; }
+  std::size_t arena_at() const { return data_at() + pairs() * ring_bytes; }
+  arena_layout arena() const { return {ranks, slot_bytes}; }
+  std::size_t bytes() const { return arena_at() + arena().bytes(); }
 };
 
 [[noreturn]] inline void throw_errno(const char* what) {
@@ -90,9 +101,9 @@ struct segment_layout {
 class segment {
  public:
   // Makes a new segment (the host's lowest rank does).
-  static segment create(std::size_t ranks, std::size_t ring_bytes) {
+  static segment create(std::size_t ranks, segment_sizes sizes) {
     segment s;
-    s.layout_ = {ranks, ring_bytes};
+    s.layout_ = {ranks, sizes.ring_bytes, sizes.slot_bytes};
     s.memfd_ = ::memfd_create("dcomm-shm", MFD_CLOEXEC);
     if (s.memfd_ < 0) throw_errno("memfd_create");
     if (::ftruncate(s.memfd_, static_cast<off_t>(s.layout_.bytes())) != 0)
@@ -108,8 +119,14 @@ class segment {
     for (std::size_t i = 0; i < ranks; ++i) new (&s.bell(i)) doorbell_word{};
     for (std::size_t i = 0; i < s.layout_.pairs(); ++i)
       new (s.base_ + s.layout_.controls_at() + i * sizeof(ring_control)) ring_control{};
+    for (std::size_t i = 0; i < ranks; ++i)
+      for (std::size_t which = 0; which < 2; ++which)
+        new (s.base_ + s.layout_.arena_at() + s.layout_.arena().record_at(i, which)) arena_record{};
+    for (std::size_t i = 0; i < ranks; ++i)
+      new (s.base_ + s.layout_.arena_at() + s.layout_.arena().state_at(i)) arena_rank_state{};
     h->ranks = static_cast<std::uint32_t>(ranks);
-    h->ring_bytes = ring_bytes;
+    h->ring_bytes = sizes.ring_bytes;
+    h->slot_bytes = sizes.slot_bytes;
     // Others map it only after the handover, a message later.
     h->magic = segment_header::expected_magic;
     return s;
@@ -123,10 +140,11 @@ class segment {
     segment_header h;
     if (::pread(memfd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
         h.magic != segment_header::expected_magic || h.ranks != s.bells_.size() || h.ranks < 2 ||
-        h.ring_bytes == 0 || (h.ring_bytes & (h.ring_bytes - 1)) != 0)
+        h.ring_bytes == 0 || (h.ring_bytes & (h.ring_bytes - 1)) != 0 || h.slot_bytes == 0 ||
+        h.slot_bytes % 4096 != 0)
       throw std::system_error(EPROTO, std::system_category(),
                               "the shared memory segment handed over is not dcomm's");
-    s.layout_ = {h.ranks, h.ring_bytes};
+    s.layout_ = {h.ranks, h.ring_bytes, h.slot_bytes};
     s.map();
     return s;
   }
@@ -154,6 +172,9 @@ class segment {
   ring_control& control(std::size_t from, std::size_t to) {
     return *reinterpret_cast<ring_control*>(base_ + layout_.controls_at() +
                                             layout_.pair(from, to) * sizeof(ring_control));
+  }
+  shm::arena arena() {
+    return {reinterpret_cast<std::byte*>(base_ + layout_.arena_at()), layout_.arena()};
   }
   std::byte* data(std::size_t from, std::size_t to) {
     return reinterpret_cast<std::byte*>(base_ + layout_.data_at() +

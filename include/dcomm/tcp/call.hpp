@@ -84,7 +84,8 @@ class call {
     key_.group = group_.id;
     key_.seq = ctx.seq;
     if (collective) op_.members = group_.ranks;
-    if (collective && sig.confirmed && group_.size() > 1) {
+    // In the arena every rank waits for every other's checked record.
+    if (collective && sig.confirmed && !sig.arena && group_.size() > 1) {
       rounds_left_ = 0;
       for (int distance = 1; distance < group_.size(); distance <<= 1) ++rounds_left_;
     }
@@ -101,6 +102,7 @@ class call {
   int size() const { return group_.size(); }
   const call_signature& signature() const { return op_.sig; }
   transport& net() { return t_; }
+  op_state& state() { return op_; }
 
   io_item& recv(int group_peer, std::uint32_t step, void* dst, std::size_t bytes) {
     io_item& it = make(group_peer, step, bytes);

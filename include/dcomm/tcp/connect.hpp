@@ -46,8 +46,8 @@ inline void tune_link(detail::ip_tcp::socket& socket) {
 // Which links go through shared memory, and how.
 struct shm_options {
   link_choice links = link_choice::automatic;
-  std::size_t ring_bytes = 1 << 20;  // per direction and pair; a power of two
-  std::string host_id{};             // empty: shm::host_identity()
+  shm::segment_sizes sizes{};  // of the rings and of the arena's slots
+  std::string host_id{};       // empty: shm::host_identity()
 };
 
 // Connects this rank to every peer through the store, shares memory with
@@ -74,12 +74,12 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
       // Every pair's link goes through the one segment of the host.
       const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
       auto shared =
-          co_await shm::host_segment::open(s, key, rank, links.local, shm.ring_bytes, deadline);
+          co_await shm::host_segment::open(s, key, rank, links.local, shm.sizes, deadline);
       links.segment = shared.get();
       // Polling costs a core: where the host's ranks outnumber this
-      // process's cores, waiting ranks sleep at once and leave them to the
-      // ranks with work.
-      if (links.local.size() > shm::usable_cores()) options.shm_spin = {};
+      // process's cores, a waiting rank gives its core away between looks
+      // (sched_yield), so that the ranks with work run.
+      if (links.local.size() > shm::usable_cores()) options.shm_yield = true;
     } else {
       links.local.clear();
     }

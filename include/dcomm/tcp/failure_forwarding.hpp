@@ -354,9 +354,11 @@ inline void transport::on_refused_send(int peer, const wire_header& h) {
     }
   op_state* waiting = nullptr;  // ops_ lists the newest first
   for (op_state* op = ops_; op; op = op->next_op)
-    if (!op->failure && std::any_of(op->items.begin(), op->items.end(), [&](const io_item& i) {
-          return i.peer == peer && !i.finished();
-        }))
+    if (!op->failure &&
+        (std::any_of(op->items.begin(), op->items.end(),
+                     [&](const io_item& i) { return i.peer == peer && !i.finished(); }) ||
+         (op->on_arena &&
+          std::find(op->members.begin(), op->members.end(), peer) != op->members.end())))
       waiting = op;
   if (waiting) return fail_for_refused_send(*waiting, peer, r);
   // The first one stands: it is the one to fix.
@@ -374,6 +376,20 @@ inline bool transport::report_refused_send(io_item& it) {
   it.state = item_state::failed;
   fail_for_refused_send(*it.op, it.peer, r);
   return true;
+}
+
+// A call that enters the arena needs every member: the first send of
+// ours one of them refused, not reported yet, fails it (true).
+inline bool transport::report_refused_send_in_arena(op_state& op) {
+  for (int p : op.members) {
+    auto& pending = links_[static_cast<std::size_t>(p)]->refused;
+    if (p == rank_ || !pending || op.failure) continue;
+    const refused_send r = *pending;
+    pending.reset();
+    fail_for_refused_send(op, p, r);
+    return true;
+  }
+  return false;
 }
 
 // Fails `op`, which needs `peer`, with the mismatch of an earlier send to

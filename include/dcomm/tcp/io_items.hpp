@@ -172,6 +172,10 @@ struct op_state {
     int awaited = 0;
   };
   std::unique_ptr<probe_answers> probe;
+  // Waits in the host's arena (polled while it waits); the next call
+  // queued for the arena (tcp/shm_arena.hpp).
+  bool on_arena = false;
+  op_state* next_on_arena = nullptr;
   // The transport's list of operations in progress.
   op_state* prev_op = nullptr;
   op_state* next_op = nullptr;

@@ -11,6 +11,7 @@
 // through the eventfd, which listen_bell watches. Part of tcp/transport.hpp.
 #pragma once
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,8 @@ inline void transport::use_shm(shm_links shm) {
     shm_peers_.push_back(p);
   }
   shm_ = std::move(shm.segment);
+  // Every rank on this host: the world group meets in the arena.
+  if (static_cast<int>(shm.local.size()) == world_) arena_.emplace(shm_->arena());
 }
 
 // Writing: the link's frames in order, as far as the ring has room; the
@@ -159,37 +162,49 @@ inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self
   } guard{*self};
   self->bell_ = &descriptor;
   shm::doorbell_word& bell = self->shm_->bell(me);
+  std::uint64_t count = 0;
   for (;;) {
     // Asleep first, then a last look: a write made before this store is
     // seen by the poll, one made after rings the bell.
     bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     self->poll_shm();
-    auto [ec] =
-        co_await descriptor.async_wait(asio::posix::descriptor_base::wait_read, detail::use_task);
+    self->wake_arena_holder();
+    // A read, not a wait for readability: the reactor registers the
+    // descriptor edge-triggered, and a wait started after the ring's edge
+    // would sleep through it (a read is tried at once, and drains).
+    auto [ec, n] =
+        co_await descriptor.async_read_some(asio::buffer(&count, sizeof count), detail::use_task);
     if (ec || !descriptor.is_open()) co_return;
-    std::uint64_t count = 0;
-    [[maybe_unused]] const ssize_t ignored =
-        ::read(descriptor.native_handle(), &count, sizeof count);
   }
 }
 
-// Polls the links for up to shm_spin, without yielding the thread (a
-// yield through a strand would allocate): true as soon as a reader was
+// Polls the links for up to shm_spin, without leaving the executor (a
+// yield through a strand would allocate; where the ranks outnumber the
+// cores, sched_yield lends the core between looks): true as soon as a reader was
 // woken or a writer went on, whose handlers run once the caller waits.
 // Peers that write meanwhile find this rank awake and ring no bell.
-inline bool transport::spin_shm() {
+// `pred` (the waiting op's condition) is polled too: a call in the arena
+// waits for stores, not for messages. Once the bell says asleep again,
+// the arena's holder is woken for a last look (a peer that arrived while
+// this rank polled for another call rang no bell).
+template <class Pred>
+bool transport::spin_shm(Pred pred) {
   shm::doorbell_word& bell = shm_->bell(static_cast<std::size_t>(shm_me_));
   bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
   const auto until = detail::clock::now() + options_.shm_spin;
   bool found = false;
-  for (int i = 0; !(found = poll_shm()); ++i) {
-    shm::cpu_relax();
-    if ((i & 15) == 15 && detail::clock::now() >= until) break;
+  for (int i = 0; !(found = poll_shm() || pred()); ++i) {
+    if (options_.shm_yield)
+      ::sched_yield();
+    else
+      shm::cpu_relax();
+    if (((i & 15) == 15 || options_.shm_yield) && detail::clock::now() >= until) break;
   }
   bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return poll_shm() || found;
+  wake_arena_holder();
+  return poll_shm() || found || pred();
 }
 
 // Once no shared memory link is open, the doorbell closes too (its
@@ -200,6 +215,63 @@ inline void transport::close_bell_if_unused() {
     if (links_[static_cast<std::size_t>(p)]->socket.is_open()) return;
   asio::error_code ignored;
   bell_->close(ignored);
+}
+
+// --- the host's arena (tcp/shm_arena.hpp) ---
+
+inline shm::arena* transport::host_arena() {
+  return arena_ ? &*arena_ : nullptr;
+}
+
+// Only the world group, when every rank is on this host: another group
+// keeps its messages (its arena would have to be its own).
+inline bool transport::arena_serves(const group_state& g) const {
+  return arena_ && g.id == 0 && g.size() == world_ && world_ > 1;
+}
+
+// Calls take the arena in the order they queued (the order they started).
+inline void transport::queue_for_arena(op_state& op) {
+  (arena_last_ ? arena_last_->next_on_arena : arena_first_) = &op;
+  arena_last_ = &op;
+}
+
+inline void transport::leave_arena(op_state& op) {
+  op_state* before = nullptr;
+  for (op_state* i = arena_first_; i && i != &op; i = i->next_on_arena) before = i;
+  (before ? before->next_on_arena : arena_first_) = op.next_on_arena;
+  if (arena_last_ == &op) arena_last_ = before;
+  op.next_on_arena = nullptr;
+  op.on_arena = false;
+  if (!before && arena_first_) arena_first_->wake();  // its turn
+}
+
+inline void transport::wake_arena_holder() {
+  if (arena_first_) arena_first_->wake();
+}
+
+inline std::size_t transport::next_arena_record() {
+  const std::size_t r = arena_record_;
+  arena_record_ ^= 1;
+  return r;
+}
+
+// After a release store that a sleeping peer must see: either its last
+// look sees the store or this sees it asleep (shm::ring).
+inline void transport::ring_local_peers() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const auto& fds = shm_->bell_fds();
+  for (std::size_t i = 0; i < fds.size(); ++i)
+    if (static_cast<int>(i) != shm_me_) shm::ring(shm_->bell(i), fds[i]);
+}
+
+inline bool transport::arena_peer_gone(op_state& op, int peer) {
+  if (!links_[static_cast<std::size_t>(peer)]->lost) return false;
+  fail_op(op, lost_error(op, peer));
+  return true;
+}
+
+inline void transport::arena_mismatch(op_state& op, int peer, const call_signature& theirs) {
+  mismatched_call(op, peer, theirs);
 }
 
 }  // namespace dcomm::tcp

@@ -177,6 +177,8 @@ inline void transport::lose_link(int peer, std::string why) {
     for (auto& it : op->items)
       if (it.peer == peer && it.staged && it.state == item_state::queued && !it.in_flight)
         fail_pending(&it);
+  // A call in the arena that waits for this peer looks again.
+  wake_arena_holder();
   // l.unexpected stays: those messages arrived before the link closed.
   // Calls that still needed this peer have failed above; the others
   // learn it when they post to it, and calls not yet started when they

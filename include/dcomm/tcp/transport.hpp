@@ -49,6 +49,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -77,6 +78,9 @@ struct transport_options {
   // How long a waiting operation polls its shared memory links before it
   // sleeps until a peer rings (tcp/shm_links.hpp); 0: it sleeps at once.
   std::chrono::nanoseconds shm_spin = std::chrono::microseconds(20);
+  // Polling yields the core between looks (the host's ranks outnumber the
+  // cores: a rank that spins would keep the one it waits for off its core).
+  bool shm_yield = false;
 };
 
 // The segment this rank shares with the ranks of its host (shm/), and who
@@ -235,6 +239,7 @@ class transport : public std::enable_shared_from_this<transport> {
     for (;;) {
       if (op.failure) break;
       if (pred()) co_return;
+      if (op.failure) break;  // pred() may fail it (the arena's checks do)
       if (op.probe && op.probe->awaited == 0) {
         fail_op(op, timeout_error(op));
         break;
@@ -243,8 +248,13 @@ class transport : public std::enable_shared_from_this<transport> {
       // for them before sleeping (what it wakes runs once this waits).
       // It may also have finished this op's sends (a blocked writer went on):
       // a wake before the wait below would be lost, so look again.
-      if (options_.shm_spin.count() > 0 && waits_on_shm(op) && spin_shm() && (op.failure || pred()))
-        continue;
+      // The poll may fail the op too (pred's checks): its wake, before the
+      // wait below, would be lost.
+      if (options_.shm_spin.count() > 0 && waits_on_shm(op)) {
+        const bool found = spin_shm([&] { return op.failure != nullptr || pred(); });
+        if (op.failure) break;
+        if (found && pred()) continue;
+      }
       auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
@@ -291,12 +301,32 @@ class transport : public std::enable_shared_from_this<transport> {
 
   static constexpr auto io_grace = std::chrono::seconds(1);
 
-  // Whether an unfinished item of the op goes through shared memory.
+  // Whether an unfinished item of the op goes through shared memory, or
+  // it waits in the arena.
   bool waits_on_shm(const op_state& op) const {
+    if (op.on_arena) return true;
     if (shm_peers_.empty()) return false;
     return std::any_of(op.items.begin(), op.items.end(),
                        [this](const io_item& i) { return !i.finished() && shm_link(i.peer); });
   }
+
+  // The host's arena (tcp/shm_arena.hpp, tcp/shm_links.hpp): null where
+  // not every rank is on this host.
+  shm::arena* host_arena();
+  bool arena_serves(const group_state& g) const;
+  void queue_for_arena(op_state& op);
+  void leave_arena(op_state& op);
+  op_state* arena_holder() const { return arena_first_; }
+  std::size_t next_arena_record();
+  std::size_t peek_arena_record() const { return arena_record_; }
+  // Whether this rank's last step in the arena saw every other rank
+  // arrive (else a call failed mid-step here).
+  bool arena_synced() const { return arena_synced_; }
+  void set_arena_synced(bool s) { arena_synced_ = s; }
+  void ring_local_peers();
+  bool arena_peer_gone(op_state& op, int peer);
+  bool report_refused_send_in_arena(op_state& op);
+  void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
 
   // Shutdown (tcp/shutdown.hpp). abort(): fails every pending and future
   // operation and closes every link. close(): the communicator was
@@ -395,8 +425,10 @@ class transport : public std::enable_shared_from_this<transport> {
   bool poll_shm();
   static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
   static detail::task<void> listen_bell(std::shared_ptr<transport> self);
-  bool spin_shm();
+  template <class Pred>
+  bool spin_shm(Pred pred);
   void close_bell_if_unused();
+  void wake_arena_holder();
 
   // Shutdown (tcp/shutdown.hpp).
   void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut);
@@ -443,6 +475,14 @@ class transport : public std::enable_shared_from_this<transport> {
   int shm_me_ = -1;
   std::vector<int> shm_peers_;
   asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
+  // The arena, where every rank is on this host; the calls queued for it
+  // (the first holds it: a list through op_state); which of this rank's
+  // two records the next step uses.
+  std::optional<shm::arena> arena_;
+  op_state* arena_first_ = nullptr;
+  op_state* arena_last_ = nullptr;
+  std::size_t arena_record_ = 0;
+  bool arena_synced_ = true;
   bool aborted_ = false;
   bool closed_ = false;
 };

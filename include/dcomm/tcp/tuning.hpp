@@ -41,20 +41,26 @@ struct algorithm_choice {
   // The large algorithm gives each rank a part of the elements: with fewer
   // elements than ranks the small one runs, whatever the size.
   bool part_per_rank = false;
+  // It also has algorithm::shared_memory (tcp/algorithms/shared_memory.hpp),
+  // which runs, whatever the size, where the group's ranks all share a
+  // host's arena (tcp_backend::via_arena), unless a call asks for another.
+  bool shared_memory = false;
 };
 // Rows: op, small algorithm, large algorithm, the option that holds the size
-// limit, whether the large one needs an element per rank. Barrier has one
-// algorithm (dissemination) and nothing to choose; reduce shares
-// broadcast's limit.
+// limit, whether the large one needs an element per rank, whether it has a
+// shared memory algorithm. Barrier has one message algorithm
+// (dissemination) and nothing to choose; reduce shares broadcast's limit.
 inline constexpr algorithm_choice algorithm_table[] = {
-    {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none},
-    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
+    {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none, false, true},
+    {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast,
+     false, true},
     {coll_op::reduce, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
     {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring,
-     size_limit::small_all_reduce, true},
+     size_limit::small_all_reduce, true, true},
     {coll_op::scatter, algorithm::direct, algorithm::direct, size_limit::none},
     {coll_op::gather, algorithm::direct, algorithm::direct, size_limit::none},
-    {coll_op::all_gather, algorithm::direct, algorithm::ring, size_limit::small_all_gather},
+    {coll_op::all_gather, algorithm::direct, algorithm::ring, size_limit::small_all_gather, false,
+     true},
     {coll_op::reduce_scatter, algorithm::direct, algorithm::ring, size_limit::small_reduce_scatter},
     {coll_op::all_to_all, algorithm::direct, algorithm::direct, size_limit::none},
     {coll_op::all_gather_v, algorithm::direct, algorithm::direct, size_limit::none},
@@ -92,7 +98,8 @@ inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
   if (a == algorithm::automatic) return {};
   for (const auto& c : algorithm_table) {
     if (operation != name(c.op)) continue;
-    if (a == c.small || a == c.large) return {};
+    if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory))
+      return {};
     if (c.small == algorithm::automatic)
       return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
              std::string(operation) + " (it has one algorithm: leave it automatic)";

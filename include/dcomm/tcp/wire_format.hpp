@@ -61,7 +61,10 @@ struct call_signature {
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   // A rooted operation with its confirmation (call.hpp): ranks must agree.
   std::uint8_t confirmed = 0;
-  std::uint8_t reserved[2] = {};
+  // Runs in the host's arena (tcp/algorithms/shared_memory.hpp) rather
+  // than by messages: ranks must agree (a CUDA tensor staged whole does not).
+  std::uint8_t arena = 0;
+  std::uint8_t reserved[1] = {};
 
   friend bool operator==(const call_signature&, const call_signature&) = default;
 };
@@ -70,8 +73,10 @@ inline std::string describe(const call_signature& s) {
   std::string d = name(s.op);
   if (s.op == coll_op::p2p) return d;
   if (s.op == coll_op::barrier)
-    return s.algo == dcomm::algorithm::automatic ? d
-                                                 : d + "(" + std::string(dcomm::name(s.algo)) + ")";
+    return (s.algo == dcomm::algorithm::automatic
+                ? d
+                : d + "(" + std::string(dcomm::name(s.algo)) + ")") +
+           (s.arena ? " in shared memory" : "");
   d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
   if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
   if (s.root >= 0) d += ", root " + std::to_string(s.root);
@@ -80,6 +85,7 @@ inline std::string describe(const call_signature& s) {
   if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
   const bool rooted = s.op == coll_op::broadcast || s.op == coll_op::reduce ||
                       s.op == coll_op::scatter || s.op == coll_op::gather;
+  if (s.arena) d += " in shared memory";
   if (rooted && !s.confirmed) d += " without confirmation (confirm_rooted off)";
   return d;
 }

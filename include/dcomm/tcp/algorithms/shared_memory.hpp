@@ -1,0 +1,117 @@
+// The collectives of a group whose ranks all share this host, through the
+// host's arena (shm/arena.hpp; the steps in tcp/shm_arena.hpp) instead of
+// messages. Each step: every rank copies its part into its slot, arrives,
+// waits until every other rank arrived (one synchronisation), and reads
+// the slots it needs. Large buffers go a slot's worth per step.
+//   shm_barrier: one step with nothing in it.
+//   shm_broadcast: the root copies a slot's worth in, the others copy it out.
+//   shm_all_gather: each rank copies a slot's worth of its block in, then
+//     every rank's part out.
+//   shm_all_reduce: up to one_pass_reduce bytes (and a slot), one step in which every
+//     rank reduces every slot itself, in rank order (the same bits on
+//     every rank); above, per slot's worth, each rank reduces its share
+//     from every slot into its own (the reduction split across ranks, as
+//     in DeepSpeed's shm all_reduce), says so, and all copy every share out.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/shm_arena.hpp"
+
+namespace dcomm::tcp {
+
+// Up to this size an all_reduce is one step, each rank reducing it whole.
+inline constexpr std::size_t one_pass_reduce = 16 * 1024;
+
+inline detail::task<void> shm_barrier(call& c) {
+  arena_call a(c);
+  co_await a.enter();
+  a.begin_step();
+  a.arrive();
+  if (!a.all_arrived()) co_await a.wait_arrived();
+}
+
+inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes, int root) {
+  arena_call a(c);
+  co_await a.enter();
+  const bool is_root = c.rank() == root;
+  std::size_t done = 0;
+  do {  // once at least: a broadcast of nothing still meets
+    const std::size_t n = std::min(bytes - done, a.slot_bytes());
+    std::byte* mine = a.begin_step();
+    if (is_root && n) std::memcpy(mine, bytes_at(data, done), n);
+    a.arrive();
+    if (!a.all_arrived()) co_await a.wait_arrived();
+    if (!is_root && n) std::memcpy(bytes_at(data, done), a.slot_of(root), n);
+    done += n;
+  } while (done < bytes);
+}
+
+// in: `bytes` per rank; out: every rank's, in rank order.
+inline detail::task<void> shm_all_gather(call& c, const void* in, void* out, std::size_t bytes) {
+  arena_call a(c);
+  co_await a.enter();
+  const int n = c.size();
+  std::size_t done = 0;
+  do {
+    const std::size_t part = std::min(bytes - done, a.slot_bytes());
+    std::byte* mine = a.begin_step();
+    if (part) std::memcpy(mine, bytes_at(in, done), part);
+    a.arrive();
+    if (!a.all_arrived()) co_await a.wait_arrived();
+    for (int p = 0; p < n && part; ++p) {
+      char* to = bytes_at(out, static_cast<std::size_t>(p) * bytes + done);
+      if (p == c.rank()) {
+        if (to != bytes_at(in, done)) std::memmove(to, mine, part);
+      } else {
+        std::memcpy(to, a.slot_of(p), part);
+      }
+    }
+    done += part;
+  } while (done < bytes);
+}
+
+inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out, std::size_t count,
+                                         std::size_t es, const reducer& op) {
+  arena_call a(c);
+  co_await a.enter();
+  const int n = c.size(), r = c.rank();
+  if (count * es <= std::min(one_pass_reduce, a.slot_bytes())) {
+    const std::size_t bytes = count * es;
+    std::byte* mine = a.begin_step();
+    if (bytes) std::memcpy(mine, in, bytes);
+    a.arrive();
+    if (!a.all_arrived()) co_await a.wait_arrived();
+    if (!bytes) co_return;
+    std::memcpy(out, a.slot_of(0), bytes);
+    for (int p = 1; p < n; ++p) op.combine(out, a.slot_of(p), count);
+    op.finish(out, count, n);
+    co_return;
+  }
+  const std::size_t per_step = a.slot_bytes() / es;
+  for (std::size_t first = 0; first < count; first += per_step) {
+    const std::size_t k = std::min(per_step, count - first);
+    std::byte* mine = a.begin_step();
+    std::memcpy(mine, bytes_at(in, first * es), k * es);
+    a.arrive();
+    if (!a.all_arrived()) co_await a.wait_arrived();
+    // This rank's share: from every other slot into its own.
+    const extent share = split(k, static_cast<std::size_t>(n), static_cast<std::size_t>(r));
+    const std::size_t at = share.offset * es;
+    for (int p = 0; p < n; ++p)
+      if (p != r) op.combine(mine + at, a.slot_of(p) + at, share.count);
+    op.finish(mine + at, share.count, n);
+    a.reduced();
+    if (!a.all_reduced()) co_await a.wait_reduced();
+    for (int p = 0; p < n; ++p) {
+      const extent e = split(k, static_cast<std::size_t>(n), static_cast<std::size_t>(p));
+      const std::byte* from = p == r ? mine : a.slot_of(p);
+      std::memcpy(bytes_at(out, (first + e.offset) * es), from + e.offset * es, e.count * es);
+    }
+  }
+}
+
+}  // namespace dcomm::tcp

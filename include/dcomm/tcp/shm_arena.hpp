@@ -1,0 +1,171 @@
+// A collective's use of the host's arena (shm/arena.hpp), for the
+// algorithms of tcp/algorithms/shared_memory.hpp: its turn (one call at a
+// time per rank, in the order the calls started), its steps (write this
+// rank's slot, arrive, wait until every other rank arrived, read theirs),
+// and what can go wrong while it waits: a rank whose call differs
+// (errc::mismatch, from the call each record carries), a rank that is
+// gone (errc::peer_lost, from its link), the deadline (the transport's
+// probe and timeout, as for messages).
+//
+// Waking: a rank that arrives rings the doorbell of every rank that
+// sleeps (shm/segment.hpp's ring); the transport wakes the call holding
+// the arena when its doorbell rings, when polling stops, and when a link
+// is lost (tcp/shm_links.hpp, tcp/shutdown.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "dcomm/shm/arena.hpp"
+#include "dcomm/tcp/call.hpp"
+
+namespace dcomm::tcp {
+
+static_assert(sizeof(call_signature) <= sizeof(shm::arena_record::call));
+
+class arena_call {
+ public:
+  // Queues the call for the arena at once (the algorithm starts before
+  // its first wait, in the order the calls started).
+  op_state& op() { return c_.state(); }
+
+  explicit arena_call(call& c)
+      : c_(c), t_(c.net()), a_(*t_.host_arena()), me_(c.rank()), n_(c.size()) {
+    t_.queue_for_arena(op());
+  }
+  arena_call(const arena_call&) = delete;
+  arena_call& operator=(const arena_call&) = delete;
+  // Says the call is left (whether it failed or not) and gives the turn on.
+  ~arena_call() {
+    a_.state(mine()).left.store(shm::arena_stamp(op().seq, shm::max_arena_steps),
+                                std::memory_order_release);
+    t_.leave_arena(op());
+  }
+
+  // Waits until the calls that started before this one have left.
+  detail::task<void> enter() {
+    if (t_.arena_holder() != &op())
+      co_await c_.wait_until([this] { return t_.arena_holder() == &op(); });
+    // Now it polls the arena while it waits (transport::wait spins).
+    op().on_arena = true;
+    // The record its first step overwrites: after a call that failed
+    // here, other ranks may still read it (see shm/arena.hpp).
+    if (!t_.arena_synced()) {
+      reused_ = a_.record(mine(), t_.peek_arena_record()).arrived.load(std::memory_order_relaxed);
+      if (!others_done()) co_await c_.wait_until([this] { return others_done(); });
+    }
+    // An earlier send of ours a member refused fails this call (it needs
+    // every member), as it would fail a call with messages to it.
+    if (t_.report_refused_send_in_arena(op())) co_await c_.wait_until([] { return false; });
+  }
+
+  std::size_t slot_bytes() const { return a_.slot_bytes(); }
+
+  // Starts the next step: this rank's slot for it, to fill before arrive().
+  std::byte* begin_step() {
+    if (step_ > shm::max_arena_steps)
+      c_.invalid("the operation needs more steps through shared memory than a stamp holds");
+    record_ = t_.next_arena_record();
+    stamp_ = shm::arena_stamp(op().seq, step_++);
+    cursor_ = 0;
+    return a_.slot(mine(), record_);
+  }
+  // Publishes the step (with the call it belongs to) and wakes the
+  // ranks that sleep.
+  void arrive() {
+    shm::arena_record& r = a_.record(mine(), record_);
+    r.group = op().group;
+    std::memcpy(r.call, &op().sig, sizeof(call_signature));
+    r.arrived.store(stamp_, std::memory_order_release);
+    t_.ring_local_peers();
+    t_.set_arena_synced(false);
+  }
+  // Publishes that this rank's share of the step's reduction is in its slot.
+  void reduced() {
+    a_.record(mine(), record_).reduced.store(stamp_, std::memory_order_release);
+    t_.ring_local_peers();
+    cursor_ = 0;
+  }
+
+  // Whether every other rank has arrived at this step (reduced: has
+  // published its share). Fails the call (then false) for a rank whose
+  // call differs or that is gone before it got there.
+  bool all_arrived() {
+    if (!reached(false)) return false;
+    // Every rank is past the step before: the record of that one may be
+    // written again (the rule of shm/arena.hpp holds).
+    t_.set_arena_synced(true);
+    return true;
+  }
+  bool all_reduced() { return reached(true); }
+  detail::task<void> wait_arrived() {
+    return c_.wait_until([this] { return all_arrived(); });
+  }
+  detail::task<void> wait_reduced() {
+    return c_.wait_until([this] { return reached(true); });
+  }
+
+  // Group rank p's slot at this step (once it arrived).
+  const std::byte* slot_of(int p) {
+    const auto local = static_cast<std::size_t>(p);
+    shm::arena_record* r = a_.find(local, stamp_);
+    return a_.slot(local, r ? a_.index_of(local, *r) : 0);
+  }
+  std::byte* my_slot() { return a_.slot(mine(), record_); }
+
+ private:
+  // The world group's rank is the arena's (every rank is on this host:
+  // transport::host_arena).
+  std::size_t mine() const { return static_cast<std::size_t>(me_); }
+
+  // Ranks below cursor_ have been seen at this step.
+  bool reached(bool reduced) {
+    for (; cursor_ < n_; ++cursor_) {
+      if (cursor_ == me_) continue;
+      shm::arena_record* r = a_.find(static_cast<std::size_t>(cursor_), stamp_);
+      if (r && !reduced && !same_call(*r)) return false;
+      if (!there(r, reduced)) {
+        // Not yet: are those still to come alive?
+        for (int q = cursor_; q < n_; ++q)
+          if (q != me_ && !there(a_.find(static_cast<std::size_t>(q), stamp_), reduced) &&
+              t_.arena_peer_gone(op(), q))
+            return false;
+        return false;
+      }
+    }
+    return true;
+  }
+  bool others_done() {
+    if (reused_ == 0) return true;
+    for (; cursor_ < n_; ++cursor_)
+      if (cursor_ != me_ && !a_.done_with(static_cast<std::size_t>(cursor_), reused_)) {
+        t_.arena_peer_gone(op(), cursor_);
+        return false;
+      }
+    cursor_ = 0;
+    return true;
+  }
+  bool there(const shm::arena_record* r, bool reduced) const {
+    return r && (!reduced || r->reduced.load(std::memory_order_acquire) == stamp_);
+  }
+  bool same_call(const shm::arena_record& r) {
+    call_signature theirs;
+    std::memcpy(&theirs, r.call, sizeof theirs);
+    if (r.group == op().group && theirs == op().sig) return true;
+    t_.arena_mismatch(op(), cursor_, theirs);
+    return false;
+  }
+
+  call& c_;
+  transport& t_;
+  shm::arena& a_;
+  int me_, n_;
+  std::uint32_t step_ = 0;
+  std::uint64_t stamp_ = 0;
+  std::size_t record_ = 0;
+  int cursor_ = 0;
+  std::uint64_t reused_ = 0;  // the stamp the first step overwrites
+};
+
+}  // namespace dcomm::tcp
