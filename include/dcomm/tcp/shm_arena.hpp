@@ -28,14 +28,14 @@ class arena_call {
  public:
   // Queues the call for the arena at once (the algorithm starts before
   // its first wait, in the order the calls started).
-  op_state& op() { return c_.state(); }
-
   explicit arena_call(call& c)
       : c_(c), t_(c.net()), a_(*t_.host_arena()), me_(c.rank()), n_(c.size()) {
     t_.queue_for_arena(op());
   }
   arena_call(const arena_call&) = delete;
   arena_call& operator=(const arena_call&) = delete;
+  op_state& op() { return c_.state(); }
+
   // Says the call is left (whether it failed or not) and gives the turn on.
   ~arena_call() {
     a_.state(mine()).left.store(shm::arena_stamp(op().seq, shm::max_arena_steps),
@@ -112,7 +112,6 @@ class arena_call {
     shm::arena_record* r = a_.find(local, stamp_);
     return a_.slot(local, r ? a_.index_of(local, *r) : 0);
   }
-  std::byte* my_slot() { return a_.slot(mine(), record_); }
 
  private:
   // The world group's rank is the arena's (every rank is on this host:

@@ -7,11 +7,12 @@
 //   shm_broadcast: the root copies a slot's worth in, the others copy it out.
 //   shm_all_gather: each rank copies a slot's worth of its block in, then
 //     every rank's part out.
-//   shm_all_reduce: up to one_pass_reduce bytes (and a slot), one step in which every
-//     rank reduces every slot itself, in rank order (the same bits on
-//     every rank); above, per slot's worth, each rank reduces its share
-//     from every slot into its own (the reduction split across ranks, as
-//     in DeepSpeed's shm all_reduce), says so, and all copy every share out.
+//   shm_all_reduce: up to one_pass_reduce bytes (and a slot), one step in
+//     which every rank reduces every slot itself, in rank order (the same
+//     bits on every rank); above, per slot's worth, each rank reduces its
+//     share from every slot into its own (the reduction split across
+//     ranks, as in DeepSpeed's shm all_reduce), says so, and all copy
+//     every share out.
 #pragma once
 
 #include <algorithm>
