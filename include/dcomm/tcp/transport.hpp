@@ -78,8 +78,8 @@ struct transport_options {
   // How long a waiting operation polls its shared memory links before it
   // sleeps until a peer rings (tcp/shm_links.hpp); 0: it sleeps at once.
   std::chrono::nanoseconds shm_spin = std::chrono::microseconds(20);
-  // Polling yields the core between looks (the host's ranks outnumber the
-  // cores: a rank that spins would keep the one it waits for off its core).
+  // Polling yields the core between looks (for hosts whose ranks outnumber
+  // the cores; not used by default: see tcp/connect.hpp).
   bool shm_yield = false;
 };
 
