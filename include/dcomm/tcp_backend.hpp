@@ -528,22 +528,22 @@ class tcp_backend {
   }
 
   // Whether the call runs in the host's arena: the op has a shared memory
-  // algorithm, the call asks for it or for none, and the group's ranks all
-  // share this host's arena (the world group where every rank is here). A
-  // call that asks for it elsewhere is refused, on every rank alike.
+  // algorithm, the call asks for it (op_options or DCOMM_ALGO), and the
+  // group's ranks all share this host's arena (the world group where every
+  // rank is here); asked elsewhere, it is refused on every rank alike. Not
+  // chosen automatically yet: a frame a peer sent before it arrived (a
+  // refused send's report) may still sit in its ring when the arena call
+  // completes, so the report fails a later call than over messages.
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
     if (!tcp::algorithms_of(op).shared_memory) return false;
-    const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
-    if (asked != algorithm::automatic && asked != algorithm::shared_memory) return false;
+    if (tcp::requested(op, ctx.algorithm, overrides_) != algorithm::shared_memory) return false;
     if (net_->arena_serves(*ctx.group)) return true;
-    if (asked == algorithm::shared_memory)
-      throw_error(errc::invalid_argument,
-                  {.operation = operation,
-                   .rank = rank(),
-                   .detail = "algorithm shared_memory needs a group whose ranks all share this "
-                             "host's arena: the world group, every rank on one host, links not "
-                             "set to tcp"});
-    return false;
+    throw_error(errc::invalid_argument,
+                {.operation = operation,
+                 .rank = rank(),
+                 .detail = "algorithm shared_memory needs a group whose ranks all share this "
+                           "host's arena: the world group, every rank on one host, links not "
+                           "set to tcp"});
   }
 
   // The algorithm this call runs (tcp::choose: the one its signature asks
