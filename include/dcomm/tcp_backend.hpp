@@ -528,15 +528,16 @@ class tcp_backend {
   }
 
   // Whether the call runs in the host's arena: the op has a shared memory
-  // algorithm, the call asks for it (op_options or DCOMM_ALGO), and the
-  // group's ranks all share this host's arena (the world group where every
-  // rank is here); asked elsewhere, it is refused on every rank alike. Not
-  // chosen automatically yet: a frame a peer sent before it arrived (a
-  // refused send's report) may still sit in its ring when the arena call
-  // completes, so the report fails a later call than over messages.
+  // algorithm, the call asks for it or for none (op_options or DCOMM_ALGO),
+  // and the group's ranks all share this host's arena (the world group
+  // where every rank is here); asked for elsewhere, it is refused on every
+  // rank alike. Whatever the size: measured faster than the links at every
+  // size (docs/communicator.md).
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
     if (!tcp::algorithms_of(op).shared_memory) return false;
-    if (tcp::requested(op, ctx.algorithm, overrides_) != algorithm::shared_memory) return false;
+    const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
+    if (asked == algorithm::automatic) return net_->arena_serves(*ctx.group);
+    if (asked != algorithm::shared_memory) return false;
     if (net_->arena_serves(*ctx.group)) return true;
     throw_error(errc::invalid_argument,
                 {.operation = operation,

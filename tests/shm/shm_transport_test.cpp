@@ -145,18 +145,18 @@ TEST_SUITE("shared memory") {
     }
   }
 
-  TEST_CASE("the arena: serves the world on one host when asked, refused where it cannot") {
+  TEST_CASE("the arena: chosen for the world on one host, refused where it cannot serve") {
     DCOMM_TEST_DEADLINE(60s);
     const dcomm::op_options arena{.timeout = 10s, .algorithm = dcomm::algorithm::shared_memory};
-    // One host: calls that ask meet in the arena (a mismatch says so); a
-    // group other than the world keeps its messages, and refuses it.
+    // One host: automatic calls meet in the arena (a mismatch says so);
+    // a group other than the world keeps its messages, and refuses it.
     DCOMM_REQUIRE_WORLD(4, [&](comm& c, int r) -> asio::awaitable<void> {
       std::vector<float> v(static_cast<std::size_t>(10 + r % 2), 1.0f);
-      auto [code, what] =
-          co_await dcomm::test::failure_of([&] { return c.all_reduce(v, dcomm::sum, arena); });
+      auto [code, what] = co_await dcomm::test::failure_of(
+          [&] { return c.all_reduce(v, dcomm::sum, {.timeout = 10s}); });
       dcomm::test::require(code == dcomm::errc::mismatch &&
-                               dcomm::test::contains(what, "x 10, sum, shared_memory) in shared") &&
-                               dcomm::test::contains(what, "x 11, sum, shared_memory) in shared"),
+                               dcomm::test::contains(what, "float32 x 10, sum) in shared memory") &&
+                               dcomm::test::contains(what, "float32 x 11, sum) in shared memory"),
                            "a mismatch in the arena names both calls: " + what);
       co_await c.barrier(arena);
       auto pair = c.new_group({0, 1});

@@ -107,6 +107,11 @@ class channel {
       ring(peer_bell_, peer_bell_fd_);
     return take;
   }
+  // What the peer has published so far (acquire: after a store of its
+  // that this rank acquired, it covers every byte written before it).
+  std::uint64_t peer_written() const { return in_.head.load(std::memory_order_acquire); }
+  // Bytes read so far, in the peer_written() count.
+  std::uint64_t consumed() const { return read_; }
   bool readable() {
     if (head_seen_ != read_) return true;
     head_seen_ = in_.head.load(std::memory_order_acquire);

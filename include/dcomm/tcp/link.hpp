@@ -102,6 +102,9 @@ struct peer_link {
   bool shm_writer_blocked = false;    // the ring was full
   bool shm_peer_gone = false;         // what its ring holds is all there will be
   std::size_t shm_frame_written = 0;  // of the front frame, its header included
+  // What an arena step waits to have read from the ring before it ends
+  // (transport::arena_rings_read).
+  std::uint64_t shm_read_before_step = 0;
 };
 
 }  // namespace dcomm::tcp

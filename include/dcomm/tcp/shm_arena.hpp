@@ -69,6 +69,7 @@ class arena_call {
     record_ = t_.next_arena_record();
     stamp_ = shm::arena_stamp(op().seq, step_++);
     cursor_ = 0;
+    rings_noted_ = false;
     return a_.slot(mine(), record_);
   }
   // Publishes the step (with the call it belongs to) and wakes the
@@ -93,6 +94,11 @@ class arena_call {
   // call differs or that is gone before it got there.
   bool all_arrived() {
     if (!reached(false)) return false;
+    if (!rings_noted_) {
+      t_.note_arena_rings();
+      rings_noted_ = true;
+    }
+    if (!t_.arena_rings_read()) return false;
     // Every rank is past the step before: the record of that one may be
     // written again (the rule of shm/arena.hpp holds).
     t_.set_arena_synced(true);
@@ -164,6 +170,7 @@ class arena_call {
   std::uint64_t stamp_ = 0;
   std::size_t record_ = 0;
   int cursor_ = 0;
+  bool rings_noted_ = false;  // at this step, once every rank arrived
   std::uint64_t reused_ = 0;  // the stamp the first step overwrites
 };
 

@@ -102,6 +102,8 @@ inline detail::task<void> transport::shm_readable(peer_link& l) {
     if (!l.socket.is_open()) throw asio::system_error(asio::error::operation_aborted);
     if (l.shm->readable()) co_return;
     if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
+    // Every frame read so far is handled: the arena's holder may go on.
+    if (arena_reading_rings_) wake_arena_holder();
     l.shm_wake = &wake;
     l.shm_reader_waiting = true;
     co_await wake.async_wait(detail::use_task);
@@ -242,6 +244,7 @@ inline void transport::leave_arena(op_state& op) {
   if (arena_last_ == &op) arena_last_ = before;
   op.next_on_arena = nullptr;
   op.on_arena = false;
+  arena_reading_rings_ = false;
   if (!before && arena_first_) arena_first_->wake();  // its turn
 }
 
@@ -267,6 +270,33 @@ inline void transport::ring_local_peers() {
 inline bool transport::arena_peer_gone(op_state& op, int peer) {
   if (!links_[static_cast<std::size_t>(peer)]->lost) return false;
   fail_op(op, lost_error(op, peer));
+  return true;
+}
+
+// Every peer has arrived at the step (its stamp was acquired): what its
+// ring to this rank holds now includes every frame it wrote before (a
+// report of a send of ours it refused, above all), which must fail this
+// call, not the next one.
+inline void transport::note_arena_rings() {
+  for (int p : shm_peers_) {
+    peer_link& l = *links_[static_cast<std::size_t>(p)];
+    l.shm_read_before_step = l.shm->peer_written();
+  }
+}
+
+// Whether the readers have read that far. A reader handles what it read
+// before it waits again (it waits only in shm_readable), and it runs on
+// this executor: once the bytes are read, their frames are handled.
+inline bool transport::arena_rings_read() {
+  for (int p : shm_peers_) {
+    peer_link& l = *links_[static_cast<std::size_t>(p)];
+    if (l.lost || l.shm_peer_gone || !l.socket.is_open()) continue;
+    if (l.shm->consumed() < l.shm_read_before_step) {
+      arena_reading_rings_ = true;
+      return false;
+    }
+  }
+  arena_reading_rings_ = false;
   return true;
 }
 

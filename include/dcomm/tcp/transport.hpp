@@ -325,6 +325,10 @@ class transport : public std::enable_shared_from_this<transport> {
   void set_arena_synced(bool s) { arena_synced_ = s; }
   void ring_local_peers();
   bool arena_peer_gone(op_state& op, int peer);
+  // A step ends once the frames each peer wrote to this rank before it
+  // arrived there are read (and handled), as over one ordered link.
+  void note_arena_rings();
+  bool arena_rings_read();
   bool report_refused_send_in_arena(op_state& op);
   void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
 
@@ -369,8 +373,8 @@ class transport : public std::enable_shared_from_this<transport> {
   io_item* take_posted(peer_link& l, const match_key& key);
   bool keep_unexpected(int peer, const wire_header& h);
   static bool from_stage(peer_link& l, void* dst, std::size_t n);
-  static detail::task<void> fill(peer_link& l, std::size_t n, bool exact = false);
-  static detail::task<void> read_payload(peer_link& l, char* dst, std::size_t n);
+  detail::task<void> fill(peer_link& l, std::size_t n, bool exact = false);
+  detail::task<void> read_payload(peer_link& l, char* dst, std::size_t n);
   static detail::task<void> reader(std::shared_ptr<transport> self, int peer);
   detail::task<void> read_frames(peer_link& l, int peer);
   wire_header take_header(peer_link& l, int peer) const;
@@ -421,7 +425,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // Shared memory links (tcp/shm_links.hpp).
   void use_shm(shm_links shm);
   void shm_write(int peer);
-  static detail::task<void> shm_readable(peer_link& l);
+  detail::task<void> shm_readable(peer_link& l);
   bool poll_shm();
   static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
   static detail::task<void> listen_bell(std::shared_ptr<transport> self);
@@ -483,6 +487,7 @@ class transport : public std::enable_shared_from_this<transport> {
   op_state* arena_last_ = nullptr;
   std::size_t arena_record_ = 0;
   bool arena_synced_ = true;
+  bool arena_reading_rings_ = false;  // the holder waits for the readers
   bool aborted_ = false;
   bool closed_ = false;
 };
