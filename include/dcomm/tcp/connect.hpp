@@ -77,11 +77,10 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
           co_await shm::host_segment::open(s, key, rank, links.local, shm.sizes, deadline);
       links.segment = shared.get();
       // Polling costs a core: where the host's ranks outnumber this
-      // process's cores, waiting ranks sleep at once and leave them to the
-      // ranks with work. (Polling with sched_yield there was 8× faster on
-      // small calls but left ranks unwoken for seconds in the mismatch
-      // tests: transport_options::shm_yield, off until that is understood.)
-      if (links.local.size() > shm::usable_cores()) options.shm_spin = {};
+      // process's cores, a waiting rank gives its core away between looks
+      // (sched_yield), so that the ranks with work run (world 4 on 2 cores:
+      // small calls 5x faster than sleeping at once).
+      if (links.local.size() > shm::usable_cores()) options.shm_yield = true;
     } else {
       links.local.clear();
     }

@@ -78,8 +78,8 @@ struct transport_options {
   // How long a waiting operation polls its shared memory links before it
   // sleeps until a peer rings (tcp/shm_links.hpp); 0: it sleeps at once.
   std::chrono::nanoseconds shm_spin = std::chrono::microseconds(20);
-  // Polling yields the core between looks (for hosts whose ranks outnumber
-  // the cores; not used by default: see tcp/connect.hpp).
+  // Polling yields the core between looks (set where the host's ranks
+  // outnumber the cores: tcp/connect.hpp).
   bool shm_yield = false;
 };
 
@@ -254,6 +254,7 @@ class transport : public std::enable_shared_from_this<transport> {
         const bool found = spin_shm([&] { return op.failure != nullptr || pred(); });
         if (op.failure) break;
         if (found && pred()) continue;
+        if (op.failure) break;  // that look may have failed it
       }
       auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (ec || op.failure || pred()) continue;
