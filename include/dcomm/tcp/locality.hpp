@@ -18,6 +18,7 @@
 #include "dcomm/error.hpp"
 #include "dcomm/shm/host_identity.hpp"
 #include "dcomm/store/store.hpp"
+#include "dcomm/tcp/published.hpp"
 
 namespace dcomm::tcp {
 
@@ -58,29 +59,6 @@ inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::s
   co_await s->set(key, std::move(host));
 }
 
-// A failure to read rank p's host: a timeout blames p (it never
-// published: it died, or never started); a store that failed names whom
-// it names.
-[[noreturn]] inline void rethrow_for_host(std::exception_ptr failure, int rank, int peer,
-                                          const std::string& key) {
-  try {
-    detail::rethrow_as_dcomm_error(failure, {});
-  } catch (const dcomm::error& e) {
-    const bool late = e.code() == errc::timeout;
-    throw error(e.code(),
-                {.operation = "tcp_backend start-up",
-                 .rank = rank,
-                 .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
-                                                            : e.context().peers,
-                 .key = key,
-                 .address = e.context().address,
-                 .detail = late ? "rank " + std::to_string(peer) +
-                                      " did not publish its host by the deadline"
-                                : std::string("reading its host: ") + e.what()});
-  }
-  std::abort();  // not reached: the block above always throws
-}
-
 // The global ranks on this rank's host that share memory with it,
 // ascending, this one included; just this one where none does.
 inline asio::awaitable<std::vector<int>> ranks_on_this_host(std::shared_ptr<store> s,
@@ -104,7 +82,7 @@ inline asio::awaitable<std::vector<int>> ranks_on_this_host(std::shared_ptr<stor
     } catch (...) {
       failure = std::current_exception();
     }
-    if (failure) rethrow_for_host(failure, rank, p, key);
+    if (failure) rethrow_unpublished(failure, "tcp_backend start-up", rank, p, key, "host");
     if (theirs == mine) local.push_back(p);
   }
   co_return local;

@@ -41,6 +41,7 @@
 #include "dcomm/store/store.hpp"
 #include "dcomm/tcp/mesh_acceptance.hpp"
 #include "dcomm/tcp/mesh_options.hpp"
+#include "dcomm/tcp/published.hpp"
 #include "dcomm/tcp/wire_format.hpp"
 
 namespace dcomm::tcp {
@@ -96,22 +97,7 @@ inline asio::awaitable<std::string> read_address(std::shared_ptr<store> s, int r
   } catch (...) {
     failure = std::current_exception();
   }
-  try {
-    detail::rethrow_as_dcomm_error(failure, {});
-  } catch (const dcomm::error& e) {
-    bool late = e.code() == errc::timeout;
-    throw error(e.code(),
-                {.operation = "tcp mesh",
-                 .rank = rank,
-                 .peers = late || e.context().peers.empty() ? "rank " + std::to_string(peer)
-                                                            : e.context().peers,
-                 .key = key,
-                 .address = e.context().address,
-                 .detail = late ? "rank " + std::to_string(peer) +
-                                      " did not publish its mesh address by the deadline"
-                                : std::string("reading the address: ") + e.what()});
-  }
-  co_return std::string{};  // not reached: the block above always throws
+  rethrow_unpublished(failure, "tcp mesh", rank, peer, key, "mesh address");
 }
 
 // How long one round of connection attempts lasts before the store is asked
