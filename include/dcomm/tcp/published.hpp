@@ -30,8 +30,8 @@ namespace dcomm::tcp {
                                                             : e.context().peers,
                  .key = key,
                  .address = e.context().address,
-                 .detail = late ? "rank " + std::to_string(peer) + " did not publish its " +
-                                      what + " by the deadline"
+                 .detail = late ? "rank " + std::to_string(peer) + " did not publish its " + what +
+                                      " by the deadline"
                                 : std::string("reading its ") + what + ": " + e.what()});
   }
   std::abort();  // not reached: the block above always throws
