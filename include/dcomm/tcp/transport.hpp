@@ -248,14 +248,14 @@ class transport : public std::enable_shared_from_this<transport> {
       // for them before sleeping (what it wakes runs once this waits).
       // It may also have finished this op's sends (a blocked writer went on):
       // a wake before the wait below would be lost, so look again.
-      // The poll may fail the op too (pred's checks): its wake, before the
-      // wait below, would be lost.
       if (options_.shm_spin.count() > 0 && waits_on_shm(op)) {
         const bool found = spin_shm([&] { return op.failure != nullptr || pred(); });
         if (op.failure) break;
         if (found && pred()) continue;
-        if (op.failure) break;  // that look may have failed it
       }
+      // Never sleep failed: a look above may have failed the op, and its
+      // wake came before this wait.
+      if (op.failure) break;
       auto [ec] = co_await op.timer.async_wait(detail::use_task);
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
