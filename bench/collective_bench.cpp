@@ -12,7 +12,9 @@
 // sum|min|max, --algo (ring, recursive_doubling, shared_memory, ...), --chunk-bytes,
 // --slot-bytes (the shared memory arena's step),
 // --eager-limit, --staging-slice, --transport auto|shm|tcp (the links between
-// ranks of this host; the "links" column says which ran), --no-confirm (confirm_rooted off: the
+// ranks of this host; the "links" column says which ran), --hosts K (the
+// ranks play K hosts of consecutive ranks: shared memory inside each, TCP
+// between them, and the hierarchical all_reduce), --no-confirm (confirm_rooted off: the
 // tcp_backend options), --no-check,
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
 // backend stages through page-locked host memory; where built with CUDA).
@@ -77,6 +79,7 @@ struct settings {
   bool check = true;
   bool confirm = true;    // tcp_backend::options::confirm_rooted
   std::string transport;  // tcp_backend::options::transport; empty: the backend's
+  int hosts = 0;          // > 0: ranks play this many hosts (tcp_backend::options::host_id)
   std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0,
               slot_bytes = 0;  // 0: the backend's defaults
   bool cuda = false;           // tensors in GPU memory
@@ -144,6 +147,9 @@ settings parse(int argc, char** argv) {
 #if !DCOMM_HAS_CUDA
       if (s.cuda) throw std::invalid_argument("--device cuda: this build has no CUDA runtime");
 #endif
+    } else if (a == "--hosts") {
+      s.hosts = std::stoi(value());
+      if (s.hosts < 1) throw std::invalid_argument("--hosts: 1 or more");
     } else if (a == "--transport") {
       s.transport = value();
       if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp")
@@ -159,7 +165,7 @@ settings parse(int argc, char** argv) {
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
           "                 [--slot-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
-          "                 [--transport auto|shm|tcp] [--no-confirm] [--no-check]\n");
+          "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -453,6 +459,13 @@ int run_rank(const settings& s) {
   o.backend.confirm_rooted = s.confirm;
   if (!s.transport.empty()) o.backend.transport = s.transport;
   if (s.staging_slice) o.backend.staging_slice = s.staging_slice;
+  if (s.hosts > 0) {
+    // Consecutive ranks per host, from the launcher's RANK and WORLD_SIZE.
+    const char* rank = std::getenv("RANK");
+    const char* world = std::getenv("WORLD_SIZE");
+    const int r = rank ? std::atoi(rank) : 0, n = world ? std::max(1, std::atoi(world)) : 1;
+    o.backend.host_id = "bench-host-" + std::to_string(r * s.hosts / n);
+  }
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);
     runner r(comm, s);

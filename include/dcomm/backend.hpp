@@ -69,6 +69,7 @@ enum class algorithm : std::uint8_t {
   binomial_tree,       // log2(world) levels below the root
   chain,               // pipelined chain through every rank from the root
   shared_memory,       // ranks of one host meet in its shared arena (tcp)
+  hierarchical,        // inside each host, then between hosts, then inside again (tcp)
 };
 
 constexpr std::string_view name(algorithm a) noexcept {
@@ -87,14 +88,16 @@ constexpr std::string_view name(algorithm a) noexcept {
       return "chain";
     case algorithm::shared_memory:
       return "shared_memory";
+    case algorithm::hierarchical:
+      return "hierarchical";
   }
   return "unknown";
 }
 
 inline std::optional<algorithm> parse_algorithm(std::string_view s) {
-  for (auto a :
-       {algorithm::automatic, algorithm::direct, algorithm::recursive_doubling, algorithm::ring,
-        algorithm::binomial_tree, algorithm::chain, algorithm::shared_memory})
+  for (auto a : {algorithm::automatic, algorithm::direct, algorithm::recursive_doubling,
+                 algorithm::ring, algorithm::binomial_tree, algorithm::chain,
+                 algorithm::shared_memory, algorithm::hierarchical})
     if (name(a) == s) return a;
   return std::nullopt;
 }

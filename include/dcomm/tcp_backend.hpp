@@ -28,6 +28,7 @@
 #include "dcomm/tcp/algorithms/barrier.hpp"
 #include "dcomm/tcp/algorithms/broadcast.hpp"
 #include "dcomm/tcp/algorithms/gather.hpp"
+#include "dcomm/tcp/algorithms/hierarchical.hpp"
 #include "dcomm/tcp/algorithms/reduce.hpp"
 #include "dcomm/tcp/algorithms/reduce_scatter.hpp"
 #include "dcomm/tcp/algorithms/scatter.hpp"
@@ -126,19 +127,9 @@ class tcp_backend {
         .job_token = std::move(job_token),
         .bind_host = o.bind_host,
         .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
-    if (o.shm_ring_bytes < 4096 || (o.shm_ring_bytes & (o.shm_ring_bytes - 1)) != 0)
-      throw_error(errc::invalid_argument,
-                  {.operation = "tcp_backend",
-                   .expected = "shm_ring_bytes: a power of two of at least 4096",
-                   .seen = std::to_string(o.shm_ring_bytes)});
-    if (o.shm_slot_bytes == 0 || o.shm_slot_bytes % 4096 != 0)
-      throw_error(errc::invalid_argument,
-                  {.operation = "tcp_backend",
-                   .expected = "shm_slot_bytes: a positive multiple of 4096",
-                   .seen = std::to_string(o.shm_slot_bytes)});
     const tcp::shm_options shm{
         .links = tcp::parse_link_choice(o.transport),
-        .sizes = {.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes},
+        .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
         .host_id = o.host_id};
     auto net = co_await tcp::connect_transport(
         std::move(s), rank, world, std::move(mesh),
@@ -173,6 +164,9 @@ class tcp_backend {
   // (shared memory, a rank of this host) or "tcp". On the backend's
   // executor, or once start-up is over (links never change after).
   std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
+  // The bytes (frame headers included) this rank has written on its link
+  // to rank `peer` so far. On the backend's executor.
+  std::uint64_t bytes_sent_to(int peer) const { return net_->bytes_sent_to(peer); }
 
   // Fails every pending and future operation at once; closes every link.
   // Thread-safe: runs on the backend's executor.
@@ -552,7 +546,8 @@ class tcp_backend {
   // call; the front end refused it before, by the operation's name.
   algorithm choose(tcp::call& c, coll_op op, tcp::call_size size = {}) const {
     const algorithm asked = c.signature().algo;
-    if (auto a = tcp::choose(op, asked, size, c.size(), o_)) return *a;
+    const bool across_hosts = tcp::algorithms_of(op).hierarchical && c.hosts().spans();
+    if (auto a = tcp::choose(op, asked, size, c.size(), o_, across_hosts)) return *a;
     c.invalid(tcp::refuse_algorithm(tcp::name(op), asked));
   }
   // The host algorithms of the element-wise collectives, on whole buffers
@@ -576,8 +571,11 @@ class tcp_backend {
                                    dtype type, const reducer& op) {
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
-    if (choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count}) ==
-        algorithm::recursive_doubling) {
+    const algorithm a = choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count});
+    if (a == algorithm::hierarchical) {
+      co_await tcp::hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op,
+                                            tcp::hierarchy_tuning_of(o_));
+    } else if (a == algorithm::recursive_doubling) {
       if (!in_place && count) std::memcpy(out, in, count * es);
       co_await tcp::recursive_doubling_all_reduce(c, out, count, es, op);
     } else {

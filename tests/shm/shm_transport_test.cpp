@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <set>
 #include <string>
 #include <thread>
@@ -192,6 +194,76 @@ TEST_SUITE("shared memory") {
         });
     INFO(dcomm::test::summary(errors));
     for (auto& e : errors) CHECK(e.empty());
+  }
+
+  TEST_CASE("across hosts all_reduce goes through each host: fewer bytes between hosts") {
+    DCOMM_TEST_DEADLINE(120s);
+    // Worlds as hosts of consecutive ranks: even hosts (the stripes), uneven
+    // (the leaders). The bytes each rank wrote to peers on other hosts, for
+    // a 1 MiB all_reduce, automatic (hierarchical) and forced flat (ring).
+    struct setup {
+      int world, hosts;
+    };
+    for (setup s : {setup{4, 2}, setup{6, 3}, setup{5, 2}}) {
+      CAPTURE(s.world);
+      CAPTURE(s.hosts);
+      constexpr std::size_t count = 256 * 1024;
+      constexpr std::uint64_t bytes = count * sizeof(float);
+      auto host = [&](int r) { return r * s.hosts / s.world; };
+      std::vector<std::uint64_t> automatic(static_cast<std::size_t>(s.world)),
+          flat(static_cast<std::size_t>(s.world));
+      DCOMM_REQUIRE_WORLD(
+          s.world,
+          [&](comm& c, int r) -> asio::awaitable<void> {
+            auto across = [&] {
+              std::uint64_t sum = 0;
+              for (int p = 0; p < s.world; ++p)
+                if (host(p) != host(r)) sum += c.backend().bytes_sent_to(p);
+              return sum;
+            };
+            for (auto a : {dcomm::algorithm::automatic, dcomm::algorithm::ring}) {
+              std::vector<float> v(count);
+              for (std::size_t i = 0; i < count; ++i)
+                v[i] = static_cast<float>((r + 1) * (i % 7 + 1));
+              const std::uint64_t before = across();
+              co_await c.all_reduce(v, dcomm::avg, {.algorithm = a});
+              (a == dcomm::algorithm::ring ? flat : automatic)[static_cast<std::size_t>(r)] =
+                  across() - before;
+              const float ranks = static_cast<float>(s.world * (s.world + 1) / 2);
+              for (std::size_t i = 0; i < count; i += 997)
+                dcomm::test::require(
+                    v[i] == ranks * static_cast<float>(i % 7 + 1) / static_cast<float>(s.world),
+                    "element " + std::to_string(i) + " is " + std::to_string(v[i]));
+            }
+          },
+          30s,
+          [&](int r) {
+            dcomm::tcp_backend::options o;
+            o.host_id = "box-" + std::to_string(host(r));
+            return o;
+          });
+      std::uint64_t total_automatic = 0, total_flat = 0, most_automatic = 0;
+      for (int r = 0; r < s.world; ++r) {
+        total_automatic += automatic[static_cast<std::size_t>(r)];
+        total_flat += flat[static_cast<std::size_t>(r)];
+        most_automatic = std::max(most_automatic, automatic[static_cast<std::size_t>(r)]);
+      }
+      CAPTURE(total_automatic);
+      CAPTURE(total_flat);
+      // Flat ring: two of its links cross each host's edge, each carrying
+      // 2(n-1)/n of the buffer. Through the hosts: with even hosts every
+      // rank carries its stripe (2(h-1)/h of 1/(n/h) of the buffer); with
+      // uneven ones only the leaders, 2(h-1)/h of it. Headers: a little more.
+      const double h = s.hosts, n = s.world;
+      const double hierarchical = s.world % s.hosts == 0 ? n * 2 * (h - 1) / h * bytes / (n / h)
+                                                         : h * 2 * (h - 1) / h * bytes;
+      CHECK(static_cast<double>(total_flat) >= s.hosts * 2 * (n - 1) / n * bytes);
+      CHECK(static_cast<double>(total_automatic) <= hierarchical * 1.01);
+      CHECK(total_automatic < total_flat);
+      if (s.world % s.hosts != 0)  // only the leaders (ranks 0 and 3) talk across
+        for (int r : {1, 2, 4}) CHECK(automatic[static_cast<std::size_t>(r)] == 0);
+      CHECK(most_automatic > 0);
+    }
   }
 
   TEST_CASE("segments are unmapped when the communicators go; none is ever a file") {

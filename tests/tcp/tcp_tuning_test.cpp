@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dcomm/tcp_backend.hpp"
 
@@ -188,5 +189,59 @@ TEST_SUITE("tcp tuning") {
       CAPTURE(dcomm::tcp::name(op));
       CHECK(dcomm::tcp::algorithms_of(op).op == op);
     }
+  }
+
+  TEST_CASE("across hosts all_reduce goes through the hosts, unless a call asks otherwise") {
+    const dcomm::tcp_backend::options o;
+    auto across = [&](std::size_t bytes, algorithm asked = algorithm::automatic) {
+      return dcomm::tcp::choose(coll_op::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4, o,
+                                true);
+    };
+    CHECK(across(4) == algorithm::hierarchical);
+    CHECK(across(64 * 1024 * 1024) == algorithm::hierarchical);
+    CHECK(across(4, algorithm::ring) == algorithm::ring);
+    CHECK(across(4, algorithm::recursive_doubling) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, 4, 4, algorithm::hierarchical) == algorithm::hierarchical);
+    CHECK(pick(coll_op::all_reduce, 4) == algorithm::recursive_doubling);  // one host
+    // Only all_reduce has one.
+    CHECK(dcomm::tcp::choose(coll_op::broadcast, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
+          algorithm::binomial_tree);
+    CHECK(pick(coll_op::broadcast, 4, 4, algorithm::hierarchical) == std::nullopt);
+    CHECK(dcomm::tcp::refuse_algorithm("all_reduce", algorithm::hierarchical).empty());
+    CHECK(refusal_of("all_reduce=hierarchical").empty());
+    CHECK(contains(refusal_of("broadcast=hierarchical"), "(it has binomial_tree and chain)"));
+  }
+
+  TEST_CASE("host layout: hosts in order of their lowest rank, stripes where hosts are even") {
+    using dcomm::tcp::make_host_layout;
+    dcomm::group_state world;
+    world.ranks = {0, 1, 2, 3, 4, 5};
+    // Global ranks 0, 2, 4 on host 0; 1, 3, 5 on host 1 (interleaved).
+    const std::vector<int> host_of{0, 1, 0, 1, 0, 1};
+    world.rank = 3;
+    auto h = make_host_layout(world, host_of);
+    CHECK(h.spans());
+    CHECK(h.hosts == 2);
+    CHECK(h.local == std::vector<int>{1, 3, 5});
+    CHECK(h.local_rank == 1);
+    CHECK(h.leaders == std::vector<int>{0, 1});
+    CHECK(h.host_rank == 1);
+    CHECK(h.uniform);
+    CHECK(h.peers == std::vector<int>{2, 3});
+    // A group of global ranks 5, 4, 1 (group ranks 0, 1, 2): 5 and 1 share a host.
+    dcomm::group_state sub;
+    sub.ranks = {5, 4, 1};
+    sub.rank = 1;
+    h = make_host_layout(sub, host_of);
+    CHECK(h.spans());
+    CHECK(h.local == std::vector<int>{1});
+    CHECK(h.leaders == std::vector<int>{0, 1});
+    CHECK(h.host_rank == 1);
+    CHECK_FALSE(h.uniform);
+    CHECK(h.peers.empty());
+    // Every rank its own host, or all on one: nothing to go through.
+    CHECK_FALSE(make_host_layout(world, {}).spans());
+    CHECK_FALSE(make_host_layout(world, {7, 7, 7, 7, 7, 7}).spans());
+    CHECK(make_host_layout(world, {7, 7, 7, 7, 7, 7}).local.size() == 6);
   }
 }

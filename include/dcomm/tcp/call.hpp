@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dcomm/backend.hpp"
@@ -98,8 +99,22 @@ class call {
     t_.release_items(op_);
   }
 
-  int rank() const { return group_.rank; }
-  int size() const { return group_.size(); }
+  int rank() const { return view_.members ? view_.rank : group_.rank; }
+  int size() const { return view_.members ? view_.size : group_.size(); }
+  // The group's ranks on hosts (tcp/hosts.hpp).
+  const host_layout& hosts() { return t_.hosts_of(group_); }
+
+  // A phase among some of the group's ranks (a hierarchical collective's
+  // host, or one rank per host): while it is set, rank(), size() and the
+  // peers of send and recv count among `members` (group ranks), and steps
+  // start `step_offset` above the step base, apart from the other phases'.
+  struct view {
+    const int* members = nullptr;  // none: the whole group
+    int size = 0;
+    int rank = 0;  // this rank's index in members
+    std::uint32_t step_offset = 0;
+  };
+  void set_view(view v) { view_ = v; }
   const call_signature& signature() const { return op_.sig; }
   transport& net() { return t_; }
   op_state& state() { return op_; }
@@ -195,7 +210,11 @@ class call {
   }
 
  private:
-  int global(int group_peer) const { return group_.ranks[static_cast<std::size_t>(group_peer)]; }
+  // A peer as the algorithm counts it (in the view, if one is set).
+  int global(int peer) const {
+    const int group_peer = view_.members ? view_.members[peer] : peer;
+    return group_.ranks[static_cast<std::size_t>(group_peer)];
+  }
 
   // Posts the confirmation's next round once the previous one has arrived
   // (see needs_confirmation).
@@ -206,16 +225,19 @@ class call {
         confirm_distance_ <<= 1;
         if (--rounds_left_ == 0) return;
       }
-      // Steps of its own, whatever the step base of a slice.
-      const int n = size(), r = rank();
+      // Steps of its own, whatever the step base of a slice; among the
+      // whole group, whatever the view.
+      const int n = group_.size(), r = group_.rank;
       const auto step =
           confirmation_step +
           static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(confirm_distance_)));
+      const view phase = std::exchange(view_, view{});
       io_item& out = make(mod(r + confirm_distance_, n), 0, 0);
       out.key.step = step;
       out.is_send = true;
       t_.post_send(out);
       io_item& in = make(mod(r - confirm_distance_, n), 0, 0);
+      view_ = phase;
       in.key.step = step;
       confirm_recv_ = &in;
       t_.post_recv(in);
@@ -226,7 +248,7 @@ class call {
     io_item& it = t_.new_item(op_);
     it.peer = global(group_peer);
     it.key = key_;
-    it.key.step = step_base_ + step;
+    it.key.step = step_base_ + view_.step_offset + step;
     it.sig = op_.sig;
     it.bytes = bytes;
     return it;
@@ -237,6 +259,7 @@ class call {
   op_state op_;
   match_key key_{};
   std::uint32_t step_base_ = 0;
+  view view_{};
   // The confirmation: rounds still to complete, and the current round's
   // receive and distance (round k: 2^k).
   int rounds_left_ = 0;

@@ -7,9 +7,11 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/socket.hpp"
+#include "dcomm/error.hpp"
 #include "dcomm/shm/handover.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/tcp/locality.hpp"
@@ -50,6 +52,20 @@ struct shm_options {
   std::string host_id{};       // empty: shm::host_identity()
 };
 
+// The sizes, or invalid_argument before anything starts.
+inline shm::segment_sizes checked(shm::segment_sizes sizes) {
+  if (sizes.ring_bytes < 4096 || (sizes.ring_bytes & (sizes.ring_bytes - 1)) != 0)
+    throw_error(errc::invalid_argument,
+                {.operation = "tcp_backend",
+                 .expected = "shm_ring_bytes: a power of two of at least 4096",
+                 .seen = std::to_string(sizes.ring_bytes)});
+  if (sizes.slot_bytes == 0 || sizes.slot_bytes % 4096 != 0)
+    throw_error(errc::invalid_argument, {.operation = "tcp_backend",
+                                         .expected = "shm_slot_bytes: a positive multiple of 4096",
+                                         .seen = std::to_string(sizes.slot_bytes)});
+  return sizes;
+}
+
 // Connects this rank to every peer through the store, shares memory with
 // the peers on its host (tcp/locality.hpp, shm/handover.hpp), and starts
 // the transport over the links, on the executor it is awaited from.
@@ -68,8 +84,10 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
   for (auto& socket : sockets)
     if (socket.is_open()) tune_link(socket);
   shm_links links;
+  std::vector<int> host_of(static_cast<std::size_t>(world), 0);
   if (world > 1) {
-    links.local = co_await ranks_on_this_host(s, mesh.key_prefix, rank, world, host, deadline);
+    host_of = co_await host_of_each_rank(s, mesh.key_prefix, rank, world, host, deadline);
+    links.local = ranks_on_this_host(host_of, rank);
     if (links.local.size() > 1) {
       // Every pair's link goes through the one segment of the host.
       const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
@@ -85,8 +103,8 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
       links.local.clear();
     }
   }
-  auto net =
-      std::make_shared<transport>(ex, rank, world, std::move(sockets), options, std::move(links));
+  auto net = std::make_shared<transport>(ex, rank, world, std::move(sockets), options,
+                                         std::move(links), std::move(host_of));
   net->start();
   co_return net;
 }

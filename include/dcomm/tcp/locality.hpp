@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,33 +60,48 @@ inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::s
   co_await s->set(key, std::move(host));
 }
 
-// The global ranks on this rank's host that share memory with it,
-// ascending, this one included; just this one where none does.
-inline asio::awaitable<std::vector<int>> ranks_on_this_host(std::shared_ptr<store> s,
-                                                            const std::string& prefix, int rank,
-                                                            int world, const std::string& mine,
-                                                            detail::clock::time_point deadline) {
-  std::vector<int> local;
+// Every rank's host, as the lowest global rank that published the same
+// identity (a rank that published "" is a host of its own): the same on
+// every rank, since every rank reads the same values. The hierarchical
+// collectives (tcp/algorithms/hierarchical.hpp) group ranks by it.
+inline asio::awaitable<std::vector<int>> host_of_each_rank(std::shared_ptr<store> s,
+                                                           const std::string& prefix, int rank,
+                                                           int world, const std::string& mine,
+                                                           detail::clock::time_point deadline) {
+  std::vector<std::string> ids(static_cast<std::size_t>(world));
   for (int p = 0; p < world; ++p) {
     if (p == rank) {
-      local.push_back(p);
+      ids[static_cast<std::size_t>(p)] = mine;
       continue;
     }
-    if (mine.empty()) continue;
     // Published before that rank connected its mesh, which is complete.
     const std::string key = prefix + "/host/" + std::to_string(p);
     const auto left = detail::time_left(deadline);
-    std::string theirs;
     std::exception_ptr failure;
     try {
-      theirs = co_await s->get(key, left);
+      ids[static_cast<std::size_t>(p)] = co_await s->get(key, left);
     } catch (...) {
       failure = std::current_exception();
     }
     if (failure) rethrow_unpublished(failure, "tcp_backend start-up", rank, p, key, "host");
-    if (theirs == mine) local.push_back(p);
   }
-  co_return local;
+  std::vector<int> host(static_cast<std::size_t>(world));
+  std::map<std::string, int> first;  // identity -> its lowest rank
+  for (int p = 0; p < world; ++p) {
+    const auto& id = ids[static_cast<std::size_t>(p)];
+    host[static_cast<std::size_t>(p)] = id.empty() ? p : first.try_emplace(id, p).first->second;
+  }
+  co_return host;
+}
+
+// The global ranks on this rank's host that share memory with it,
+// ascending, this one included (alone where it published "").
+inline std::vector<int> ranks_on_this_host(const std::vector<int>& host_of, int rank) {
+  std::vector<int> local;
+  for (int p = 0; p < static_cast<int>(host_of.size()); ++p)
+    if (host_of[static_cast<std::size_t>(p)] == host_of[static_cast<std::size_t>(rank)])
+      local.push_back(p);
+  return local;
 }
 
 }  // namespace dcomm::tcp

@@ -92,6 +92,7 @@ inline void transport::start_write(int peer) {
     ++l.batch;
     if (f.bytes > options_.eager_limit) break;  // a large payload goes on its own
   }
+  l.batch_bytes = total;
   // A span, not the vector: the write operation keeps a copy of the
   // sequence, and a copied vector would allocate on every write.
   // Its operation memory from the pool: no allocation per write.
@@ -125,6 +126,7 @@ inline void transport::on_written(int peer, const asio::error_code& ec) {
   }
   l.frames.pop_front(l.batch);
   l.batch = 0;
+  if (!ec) l.bytes_written += l.batch_bytes;
   if (ec) {
     if (!l.lost) lose_link(peer, "writing to it failed: " + ec.message());
     return;

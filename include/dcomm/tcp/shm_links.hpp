@@ -74,6 +74,7 @@ inline void transport::shm_write(int peer) {
     }
     done = 0;
     l.batch = 0;
+    l.bytes_written += total;
     io_item* it = f.item;
     const std::size_t bytes = f.bytes;
     l.frames.pop_front();

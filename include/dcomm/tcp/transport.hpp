@@ -63,6 +63,7 @@
 #include "dcomm/error.hpp"
 #include "dcomm/shm/segment.hpp"
 #include "dcomm/tcp/failed_calls.hpp"
+#include "dcomm/tcp/hosts.hpp"
 #include "dcomm/tcp/io_items.hpp"
 #include "dcomm/tcp/link.hpp"
 #include "dcomm/tcp/mesh.hpp"
@@ -94,8 +95,12 @@ struct shm_links {
 class transport : public std::enable_shared_from_this<transport> {
  public:
   transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
-            transport_options options, shm_links shm = {})
-      : ex_(std::move(ex)), rank_(rank), world_(world), options_(options) {
+            transport_options options, shm_links shm = {}, std::vector<int> host_of = {})
+      : ex_(std::move(ex)),
+        rank_(rank),
+        world_(world),
+        options_(options),
+        hosts_(std::move(host_of)) {
     links_.reserve(sockets.size());
     for (auto& s : sockets) {
       auto l = std::make_unique<peer_link>(std::move(s));
@@ -129,9 +134,14 @@ class transport : public std::enable_shared_from_this<transport> {
   }
   // Whether frames to rank p go through shared memory.
   bool shm_link(int p) const { return links_[static_cast<std::size_t>(p)]->shm != nullptr; }
+  std::uint64_t bytes_sent_to(int p) const {
+    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_written;
+  }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // How group g's ranks fall on hosts (tcp/hosts.hpp).
+  const host_layout& hosts_of(const group_state& g) { return hosts_.of(g); }
   const transport_options& options() const { return options_; }
   const asio::any_io_executor& get_executor() const { return ex_; }
   bool peer_lost(int p) const { return links_[static_cast<std::size_t>(p)]->lost; }
@@ -468,6 +478,7 @@ class transport : public std::enable_shared_from_this<transport> {
   failed_call_record failed_calls_;
   // Per group, how many of its collectives this rank has entered (probes).
   std::unordered_map<std::uint64_t, std::uint64_t> entered_;
+  host_layouts hosts_;
   // The first failure this rank saw and whom it blamed: said in goodbyes.
   fail_reason first_reason_ = fail_reason::none;
   int first_culprit_ = -1;

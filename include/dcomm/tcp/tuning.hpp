@@ -45,10 +45,14 @@ struct algorithm_choice {
   // which runs, whatever the size, where the group's ranks all share a
   // host's arena (tcp_backend::via_arena), unless a call asks for another.
   bool shared_memory = false;
+  // And algorithm::hierarchical (tcp/algorithms/hierarchical.hpp), which
+  // runs, whatever the size, where the group spans hosts with several of
+  // its ranks on some (host_layout::spans), unless a call asks for another.
+  bool hierarchical = false;
 };
 // Rows: op, small algorithm, large algorithm, the option that holds the size
 // limit, whether the large one needs an element per rank, whether it has a
-// shared memory algorithm. Barrier has one message algorithm
+// shared memory algorithm, whether it has a hierarchical one. Barrier has one message algorithm
 // (dissemination) and nothing to choose; reduce shares broadcast's limit.
 inline constexpr algorithm_choice algorithm_table[] = {
     {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none, false, true},
@@ -56,7 +60,7 @@ inline constexpr algorithm_choice algorithm_table[] = {
      false, true},
     {coll_op::reduce, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
     {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring,
-     size_limit::small_all_reduce, true, true},
+     size_limit::small_all_reduce, true, true, true},
     {coll_op::scatter, algorithm::direct, algorithm::direct, size_limit::none},
     {coll_op::gather, algorithm::direct, algorithm::direct, size_limit::none},
     {coll_op::all_gather, algorithm::direct, algorithm::ring, size_limit::small_all_gather, false,
@@ -98,7 +102,8 @@ inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
   if (a == algorithm::automatic) return {};
   for (const auto& c : algorithm_table) {
     if (operation != name(c.op)) continue;
-    if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory))
+    if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory) ||
+        (a == algorithm::hierarchical && c.hierarchical))
       return {};
     if (c.small == algorithm::automatic)
       return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
@@ -163,14 +168,18 @@ struct call_size {
 // world of one runs the small algorithm, which does without messages (the
 // large ones assume a ring or chain of two ranks or more). Empty: `asked`
 // is not one of the op's (refuse_algorithm says why; the front end refuses
-// such a call before it starts, by the operation's name).
+// such a call before it starts, by the operation's name). `across_hosts`:
+// the group spans hosts with several of its ranks on some.
 template <class Options>
 std::optional<algorithm> choose(coll_op op, algorithm asked, call_size size, int world,
-                                const Options& o) {
+                                const Options& o, bool across_hosts = false) {
   const auto& c = algorithms_of(op);
-  if (asked != algorithm::automatic && asked != c.small && asked != c.large) return std::nullopt;
+  const bool hierarchical = c.hierarchical && asked == algorithm::hierarchical;
+  if (asked != algorithm::automatic && asked != c.small && asked != c.large && !hierarchical)
+    return std::nullopt;
   if (world <= 1) return c.small;
   if (asked != algorithm::automatic) return asked;
+  if (c.hierarchical && across_hosts) return algorithm::hierarchical;
   const bool small = size.bytes <= limit_of(o, c.limit) ||
                      (c.part_per_rank && size.count < static_cast<std::size_t>(world));
   return small ? c.small : c.large;

@@ -1,0 +1,135 @@
+// The hierarchical collectives of the TCP backend, for groups whose ranks
+// span hosts with several ranks on some (tcp/hosts.hpp): most bytes move
+// inside a host, over shared memory, and few between hosts, over TCP. Each
+// phase runs one of the flat algorithms among some of the group's ranks
+// (call::view), on steps of its own.
+//   hierarchical_all_reduce, large messages and as many ranks on every
+//     host: reduce-scatter inside the host (ring), so that local rank i
+//     holds the host's sum of block i; all_reduce of block i among the
+//     ranks with local index i, one per host (every rank carries a stripe
+//     between hosts); all-gather inside the host (ring).
+//   hierarchical_all_reduce, otherwise: reduce to each host's leader (its
+//     lowest rank); all_reduce among the leaders; broadcast from the leader
+//     inside the host.
+// The phases combine without finishing (avg's division, premul_sum's
+// scaling); the result is finished once, with the group's size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "dcomm/reduce_op.hpp"
+#include "dcomm/tcp/algorithms/all_reduce.hpp"
+#include "dcomm/tcp/algorithms/broadcast.hpp"
+#include "dcomm/tcp/algorithms/reduce.hpp"
+#include "dcomm/tcp/algorithms/ring.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/hosts.hpp"
+
+namespace dcomm::tcp {
+
+// The sizes the phases choose their flat algorithm by (tcp_backend::options).
+struct hierarchy_tuning {
+  std::size_t small_all_reduce = 0;
+  std::size_t small_broadcast = 0;
+  std::size_t chunk_bytes = 0;
+};
+template <class Options>  // tcp_backend::options
+hierarchy_tuning hierarchy_tuning_of(const Options& o) {
+  return {.small_all_reduce = o.small_all_reduce,
+          .small_broadcast = o.small_broadcast,
+          .chunk_bytes = o.chunk_bytes};
+}
+
+// Steps of phase k of a hierarchical call (below a slice's 2^24).
+inline constexpr std::uint32_t hierarchy_phase_steps = 1u << 22;
+
+// Sets the call's view to the ranks in `members` (of which this rank is
+// `rank`) for phase `phase`, and back to the whole group when it goes.
+class phase_view {
+ public:
+  phase_view(call& c, const std::vector<int>& members, int rank, std::uint32_t phase) : c_(c) {
+    c_.set_view({.members = members.data(),
+                 .size = static_cast<int>(members.size()),
+                 .rank = rank,
+                 .step_offset = phase * hierarchy_phase_steps});
+  }
+  phase_view(const phase_view&) = delete;
+  phase_view& operator=(const phase_view&) = delete;
+  ~phase_view() { c_.set_view({}); }
+
+ private:
+  call& c_;
+};
+
+// `op` combining only: the finishing step (avg, premul_sum) left out.
+inline reducer combining_only(const reducer& op) {
+  reducer r = op;
+  if (detail::is_finished_sum(r.kind)) r.kind = reduce_kind::sum;
+  return r;
+}
+
+// In place on `buf`, among the view's ranks; not finished.
+inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count, std::size_t es,
+                                          const reducer& partial, const hierarchy_tuning& t) {
+  if (c.size() <= 1) co_return;
+  if (count * es <= t.small_all_reduce || count < static_cast<std::size_t>(c.size()))
+    co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
+  else
+    co_await ring_all_reduce(c, nullptr, buf, count, es, partial, t.chunk_bytes);
+}
+
+inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const void* in,
+                                                  void* out, std::size_t count, std::size_t es,
+                                                  const reducer& op, const hierarchy_tuning& t) {
+  const reducer partial = combining_only(op);
+  const std::size_t bytes = count * es;
+  const int local = static_cast<int>(h.local.size());
+  if (h.uniform && local > 1 && bytes > t.small_all_reduce &&
+      count >= static_cast<std::size_t>(local)) {
+    ring_shape shape({.count = count, .blocks = local}, es, t.chunk_bytes);
+    const extent mine = shape.layout.block(h.local_rank);
+    {
+      phase_view inside(c, h.local, h.local_rank, 0);
+      scratch tmp(c);
+      co_await ring_reduce_scatter_phase(c, shape, in == out ? nullptr : in, out, partial, tmp);
+      co_await c.wait_all();  // before the scratch goes
+    }
+    {
+      phase_view across(c, h.peers, h.host_rank, 1);
+      co_await flat_all_reduce(c, bytes_at(out, mine.offset * es), mine.count, es, partial, t);
+    }
+    op.finish(bytes_at(out, mine.offset * es), mine.count, h.group_size);
+    phase_view inside(c, h.local, h.local_rank, 2);
+    co_await ring_all_gather_phase(c, shape, out, 0);
+    co_await c.wait_all();
+    co_return;
+  }
+  const bool leader = h.local_rank == 0;
+  if (local == 1) {
+    if (in != out && bytes) std::memcpy(out, in, bytes);
+  } else {
+    phase_view inside(c, h.local, h.local_rank, 0);
+    if (bytes <= t.small_broadcast)
+      co_await binomial_reduce(c, in, out, count, es, partial, 0);
+    else
+      co_await chain_reduce(c, in, out, count, es, partial, 0, t.chunk_bytes);
+  }
+  if (leader) {
+    {
+      phase_view across(c, h.leaders, h.host_rank, 1);
+      co_await flat_all_reduce(c, out, count, es, partial, t);
+    }
+    op.finish(out, count, h.group_size);
+  }
+  if (local == 1) co_return;
+  phase_view inside(c, h.local, h.local_rank, 2);
+  if (bytes <= t.small_broadcast)
+    co_await binomial_broadcast(c, out, bytes, 0);
+  else
+    co_await chain_broadcast(c, out, bytes, 0, t.chunk_bytes);
+  co_await c.wait_all();
+}
+
+}  // namespace dcomm::tcp
