@@ -122,6 +122,7 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
     failure = std::current_exception();
   }
   if (failure) {
+    if constexpr (requires { backend->leave_start_up(failure); }) backend->leave_start_up(failure);
     co_await close_unused(backend);
     std::rethrow_exception(failure);
   }

@@ -164,14 +164,17 @@ class tcp_backend {
   // (shared memory, a rank of this host) or "tcp". On the backend's
   // executor, or once start-up is over (links never change after).
   std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
-  // The bytes (frame headers included) this rank has written on its link
-  // to rank `peer` so far. On the backend's executor.
+  // Bytes (headers included) written on the link to `peer`; on the executor.
   std::uint64_t bytes_sent_to(int peer) const { return net_->bytes_sent_to(peer); }
 
   // Fails every pending and future operation at once; closes every link.
   // Thread-safe: runs on the backend's executor.
   void abort() {
     asio::dispatch(ex_, [net = net_] { net->abort(); });
+  }
+  // Start-up failed after the backend was made: goodbyes name the cause.
+  void leave_start_up(std::exception_ptr failure) {
+    asio::dispatch(ex_, [net = net_, failure] { net->leave_start_up(failure); });
   }
   // Called by the last communicator handle going away; `closed` runs on
   // the executor once every link is closed (its queued frames flushed).

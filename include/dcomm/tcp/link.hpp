@@ -71,6 +71,7 @@ struct peer_link {
   // rank `bye_culprit` (-1: none; it simply finished).
   bool shut = false;  // close(): shut for sending, waiting for the acknowledgements
   bool said_bye = false;
+  bool socket_bye_sent = false;  // a shared memory link's, on its socket
   fail_reason bye_reason = fail_reason::none;
   int bye_culprit = -1;
   // Receiving. Lists in arrival or posting order, searched from the

@@ -193,6 +193,21 @@ inline int single_rank(const std::string& peers) {
   return found == 1 && peers.find('-') == std::string::npos ? rank : -1;
 }
 
+// What a start-up failure says in goodbyes: its reason, and the one rank
+// it blames (-1: none, or several).
+inline std::pair<tcp::fail_reason, int> cause_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const dcomm::error& e) {
+    const int culprit = single_rank(e.context().peers);
+    if (e.code() == errc::peer_lost) return {tcp::fail_reason::peer_lost, culprit};
+    if (e.code() == errc::timeout) return {tcp::fail_reason::timeout, culprit};
+    return {tcp::fail_reason::other, culprit};
+  } catch (...) {
+  }
+  return {tcp::fail_reason::other, -1};
+}
+
 // Step 1: publishes where this rank listens, for the higher ranks to read.
 inline asio::awaitable<void> publish_address(std::shared_ptr<store> s, const acceptance& st,
                                              const mesh_options& options) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "dcomm/tcp/transport.hpp"
 
@@ -140,6 +142,17 @@ inline bool transport::poll_shm() {
 inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> self, int peer) {
   peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
   auto [ec] = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
+  // A peer that left start-up before its transport ran said why on the
+  // socket (mesh_detail::say_goodbye, transport::leave_start_up): its
+  // goodbye names the culprit, as one through the ring would.
+  if (!ec && !l.said_bye) {
+    wire_header h;
+    const auto n = ::recv(l.socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(sizeof h) && h.magic == wire_magic && h.kind == msg_kind::bye) {
+      l.said_bye = true;
+      std::tie(l.bye_reason, l.bye_culprit) = read_goodbye(h, self->world_);
+    }
+  }
   l.shm_peer_gone = true;
   if (l.shm_reader_waiting) {
     l.shm_reader_waiting = false;
@@ -148,6 +161,22 @@ inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> s
   // A writer waiting for room that a gone peer will never make.
   if (l.shm_writer_blocked && !l.lost && !ec)
     self->lose_link(peer, "writing to it failed: it closed the connection");
+}
+
+// Start-up failed here after the transport started: goodbyes name the
+// rank `failure` blames. Peers still in their own start-up watch only the
+// socket (mesh_detail::watch), so a shared memory link's goodbye also goes
+// there; nothing else is ever sent on that socket, so it goes out at once.
+inline void transport::leave_start_up(const std::exception_ptr& failure) {
+  auto [reason, culprit] = mesh_detail::cause_of(failure);
+  note_cause(reason, culprit);
+  const wire_header bye = goodbye(first_reason_, first_culprit_);
+  for (int p : shm_peers_) {
+    peer_link& l = *links_[static_cast<std::size_t>(p)];
+    if (!l.socket.is_open()) continue;
+    [[maybe_unused]] auto sent =
+        ::send(l.socket.native_handle(), &bye, sizeof bye, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
 }
 
 // This rank's doorbell: while no operation polls, a peer that writes to

@@ -66,7 +66,10 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
     if (!l->socket.is_open()) continue;
     if (l->batch == 0 && l->frames.empty()) {
       asio::error_code ignored;
-      if (!l->shut) l->socket.shutdown(detail::ip_tcp::socket::shutdown_send, ignored);
+      if (!l->shut) {
+        socket_goodbye(*l);
+        l->socket.shutdown(detail::ip_tcp::socket::shutdown_send, ignored);
+      }
       l->shut = true;
       if (unacknowledged(*l) == 0 || late) {
         close_link(*l);
@@ -114,17 +117,23 @@ inline void transport::say_goodbye() {
   }
 }
 
+// A shared memory link's goodbye went through its ring; its socket gets
+// one too, for a peer still in its mesh, which watches only the socket
+// (tcp/mesh_acceptance.hpp): gone in order, or because of whom. Once, and
+// before the socket is shut for sending (a send after that fails); only
+// once every frame is in the ring, which the peer reads to the end.
+inline void transport::socket_goodbye(peer_link& l) {
+  if (!l.shm || l.lost || l.shut || l.socket_bye_sent) return;
+  l.socket_bye_sent = true;
+  const wire_header b = goodbye(first_reason_, first_culprit_);
+  [[maybe_unused]] const auto sent =
+      ::send(l.socket.native_handle(), &b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 inline void transport::close_link(peer_link& l) {
   asio::error_code ignored;
   if (!l.socket.is_open()) return;
-  // A shared memory link's goodbye went through its ring; its socket gets
-  // one too, for a peer still in its mesh, which watches only the socket
-  // (tcp/mesh_acceptance.hpp): gone in order, or because of whom.
-  if (l.shm && !l.lost) {
-    const wire_header b = goodbye(first_reason_, first_culprit_);
-    [[maybe_unused]] const auto sent =
-        ::send(l.socket.native_handle(), &b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
+  socket_goodbye(l);
   l.socket.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
   l.socket.close(ignored);
   if (l.shm) {

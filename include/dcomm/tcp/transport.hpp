@@ -349,6 +349,7 @@ class transport : public std::enable_shared_from_this<transport> {
   // runs `closed`.
   void abort();
   void close(std::function<void()> closed = {});
+  void leave_start_up(const std::exception_ptr& failure);
   static constexpr auto close_grace = std::chrono::seconds(2);
 
   // Where this rank is in call `seq` of `group` (a probe's answer).
@@ -451,6 +452,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void closed_all();
   void say_goodbye();
   void close_link(peer_link& l);
+  void socket_goodbye(peer_link& l);
   void lose_link(int peer, std::string why);
 
   void fail_item(io_item& it, std::exception_ptr e) {
