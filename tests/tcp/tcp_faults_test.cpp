@@ -336,10 +336,6 @@ TEST_SUITE("tcp faults") {
             ::kill(::getpid(), SIGKILL);
           }).detach();
         set_env(master, rank, 4);
-        // Over loopback TCP: over shared memory, under load, a kill of rank 0
-        // (the store host) still makes about 1 trial in 50 blame a rank that
-        // left start-up because of it (issue 16's note says what is left).
-        ::setenv("DCOMM_TRANSPORT", "tcp", 1);
         try {
           auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 3s});
           std::vector<float> small(16, 1.0f), large(1 << 18, 1.0f);

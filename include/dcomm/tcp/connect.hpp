@@ -83,25 +83,38 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
   auto sockets = co_await connect_mesh(s, rank, world, mesh, deadline);
   for (auto& socket : sockets)
     if (socket.is_open()) tune_link(socket);
+  // From here a failure (the store's host died: its reads fail) leaves
+  // peers still in their mesh: they hear why, not a bare close that would
+  // blame this rank.
   shm_links links;
   std::vector<int> host_of(static_cast<std::size_t>(world), 0);
-  if (world > 1) {
-    host_of = co_await host_of_each_rank(s, mesh.key_prefix, rank, world, host, deadline);
-    links.local = ranks_on_this_host(host_of, rank);
-    if (links.local.size() > 1) {
-      // Every pair's link goes through the one segment of the host.
-      const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
-      auto shared =
-          co_await shm::host_segment::open(s, key, rank, links.local, shm.sizes, deadline);
-      links.segment = shared.get();
-      // Polling costs a core: where the host's ranks outnumber this
-      // process's cores, a waiting rank gives its core away between looks
-      // (sched_yield), so that the ranks with work run (world 4 on 2 cores:
-      // small calls 5x faster than sleeping at once).
-      if (links.local.size() > shm::usable_cores()) options.shm_yield = true;
-    } else {
-      links.local.clear();
+  std::exception_ptr failure;
+  try {
+    if (world > 1) {
+      host_of = co_await host_of_each_rank(s, mesh.key_prefix, rank, world, host, deadline);
+      links.local = ranks_on_this_host(host_of, rank);
+      if (links.local.size() > 1) {
+        // Every pair's link goes through the one segment of the host.
+        const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
+        auto shared =
+            co_await shm::host_segment::open(s, key, rank, links.local, shm.sizes, deadline);
+        links.segment = shared.get();
+        // Polling costs a core: where the host's ranks outnumber this
+        // process's cores, a waiting rank gives its core away between
+        // looks (sched_yield), so that the ranks with work run (world 4 on
+        // 2 cores: small calls 5x faster than sleeping at once).
+        if (links.local.size() > shm::usable_cores()) options.shm_yield = true;
+      } else {
+        links.local.clear();
+      }
     }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    auto [reason, culprit] = mesh_detail::cause_of(failure);
+    mesh_detail::say_goodbye(sockets, reason, culprit);
+    std::rethrow_exception(failure);
   }
   auto net = std::make_shared<transport>(ex, rank, world, std::move(sockets), options,
                                          std::move(links), std::move(host_of));

@@ -181,6 +181,15 @@ inline void say_goodbye(mesh_sockets& sockets, tcp::fail_reason reason, int culp
     }
 }
 
+// The same, and a peer whose handshake this rank had just admitted (it
+// thinks itself connected; handshake_one still holds its socket) hears it
+// too, as that handshake ends.
+inline void say_goodbye(acceptance& st, mesh_sockets& sockets, tcp::fail_reason reason,
+                        int culprit) {
+  st.farewell = tcp::goodbye(reason, culprit);
+  say_goodbye(sockets, reason, culprit);
+}
+
 // The one rank an error blames ("rank 3", "ranks {3}"), or -1.
 inline int single_rank(const std::string& peers) {
   int rank = -1, found = 0;
@@ -259,10 +268,10 @@ inline void take_accepted(acceptance& st, mesh_sockets& sockets) {
 
 // A rank that connected and then closed died in start-up: the first
 // cause, before anything that followed from it.
-[[noreturn]] inline void fail_lost(const acceptance& st, mesh_sockets& sockets) {
+[[noreturn]] inline void fail_lost(acceptance& st, mesh_sockets& sockets) {
   const auto first = st.lost.front();
   const bool died = first.via == first.blamed;
-  say_goodbye(sockets, died ? tcp::fail_reason::peer_lost : first.reason, first.blamed);
+  say_goodbye(st, sockets, died ? tcp::fail_reason::peer_lost : first.reason, first.blamed);
   throw_error(!died && first.reason == tcp::fail_reason::timeout ? errc::timeout : errc::peer_lost,
               {.operation = "tcp mesh",
                .rank = st.rank,
@@ -274,7 +283,8 @@ inline void take_accepted(acceptance& st, mesh_sockets& sockets) {
 }
 
 // A failed connect names the peer it could not reach.
-[[noreturn]] inline void fail_connect(std::exception_ptr failure, mesh_sockets& sockets) {
+[[noreturn]] inline void fail_connect(acceptance& st, std::exception_ptr failure,
+                                     mesh_sockets& sockets) {
   int culprit = -1;
   try {
     std::rethrow_exception(failure);
@@ -282,13 +292,13 @@ inline void take_accepted(acceptance& st, mesh_sockets& sockets) {
     culprit = single_rank(e.context().peers);
   } catch (...) {
   }
-  say_goodbye(sockets, tcp::fail_reason::other, culprit);
+  say_goodbye(st, sockets, tcp::fail_reason::other, culprit);
   std::rethrow_exception(failure);
 }
 
 // Higher ranks that did not connect by the deadline: a timeout naming them,
 // with why the last connection that claimed each was refused.
-inline void check_all_in(const acceptance& st, mesh_sockets& sockets) {
+inline void check_all_in(acceptance& st, mesh_sockets& sockets) {
   std::vector<int> missing;
   std::string reasons;
   errc code = errc::timeout;
@@ -301,7 +311,7 @@ inline void check_all_in(const acceptance& st, mesh_sockets& sockets) {
     }
   }
   if (missing.empty()) return;
-  say_goodbye(sockets, tcp::fail_reason::timeout, missing.size() == 1 ? missing.front() : -1);
+  say_goodbye(st, sockets, tcp::fail_reason::timeout, missing.size() == 1 ? missing.front() : -1);
   throw_error(code, {.operation = "tcp mesh",
                      .rank = st.rank,
                      .peers = "ranks " + detail::format_ranks(missing),
@@ -340,7 +350,7 @@ inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int 
   st->finish();
   take_accepted(*st, sockets);
   if (!st->lost.empty()) fail_lost(*st, sockets);
-  if (failure) fail_connect(failure, sockets);
+  if (failure) fail_connect(*st, failure, sockets);
   check_all_in(*st, sockets);
   co_return sockets;
 }

@@ -128,6 +128,8 @@ struct acceptance {
     tcp::fail_reason reason;  // the goodbye's (peer_lost: no goodbye, died)
   };
   std::vector<loss> lost;
+  // The goodbye this rank said when its mesh failed (mesh.hpp), if it did.
+  std::optional<tcp::wire_header> farewell;
   // Why the last connection claiming each missing rank failed.
   std::map<int, refusal> refusals;
   int logged = 0;
@@ -273,7 +275,15 @@ inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
   }
   // In neither group any more, yet never admitted: dropped to make room.
   const bool dropped = st->silent.erase(id) + st->talking.erase(id) == 0 && reserved < 0;
-  if (st->finished) co_return;
+  if (st->finished) {
+    // Admitted as the mesh failed: the peer thinks itself connected and
+    // would blame this rank for the close, so it hears why first.
+    if (!failure && st->farewell) {
+      [[maybe_unused]] auto sent = ::send(socket.native_handle(), &*st->farewell,
+                                          sizeof *st->farewell, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    co_return;
+  }
   if (!failure) {
     auto& placed = st->sockets[static_cast<std::size_t>(peer.rank)];
     placed = std::move(socket);
