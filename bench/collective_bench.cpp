@@ -1,4 +1,4 @@
-// Collectives and point-to-point over dcomm's TCP backend, in nccl-tests
+// Collectives and point-to-point over dcomm's CPU backend, in nccl-tests
 // style rows. Not a test: it times, it does not judge.
 //
 //   collective_bench --world 2                      # spawns 2 local ranks
@@ -15,7 +15,7 @@
 // ranks of this host; the "links" column says which ran), --hosts K (the
 // ranks play K hosts of consecutive ranks: shared memory inside each, TCP
 // between them, and the hierarchical all_reduce), --no-confirm (confirm_rooted off: the
-// tcp_backend options), --no-check,
+// cpu_backend options), --no-check,
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
 // backend stages through page-locked host memory; where built with CUDA).
 //
@@ -51,7 +51,7 @@
 #endif
 
 // The allocs column counts heap allocations (malloc and friends, so
-// operator new and Asio's handler memory too): the TCP backend promises none
+// operator new and Asio's handler memory too): the CPU backend promises none
 // per operation in steady state.
 #define DCOMM_HEAP_COUNTER_IMPLEMENT
 #include "support/heap_counter.hpp"
@@ -77,9 +77,9 @@ struct settings {
   std::string redop = "sum";
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   bool check = true;
-  bool confirm = true;    // tcp_backend::options::confirm_rooted
-  std::string transport;  // tcp_backend::options::transport; empty: the backend's
-  int hosts = 0;          // > 0: ranks play this many hosts (tcp_backend::options::host_id)
+  bool confirm = true;    // cpu_backend::options::confirm_rooted
+  std::string transport;  // cpu_backend::options::transport; empty: the backend's
+  int hosts = 0;          // > 0: ranks play this many hosts (cpu_backend::options::host_id)
   std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0,
               slot_bytes = 0;  // 0: the backend's defaults
   bool cuda = false;           // tensors in GPU memory
@@ -267,7 +267,7 @@ double reduced(const std::string& redop, int world, std::size_t i) {
   return acc;
 }
 
-using comm_type = dcomm::communicator<dcomm::tcp_backend>;
+using comm_type = dcomm::communicator<dcomm::cpu_backend>;
 
 class runner {
  public:
@@ -405,7 +405,7 @@ class runner {
     if (links_.empty()) links_ = "-";
     if (comm_.rank() == 0) {
       std::printf(
-          "# dcomm collective_bench: tcp_backend, world %d, dtype %s, algorithm %s%s\n", world,
+          "# dcomm collective_bench: cpu_backend, world %d, dtype %s, algorithm %s%s\n", world,
           std::string(dcomm::name(s_.type)).c_str(), std::string(dcomm::name(s_.algo)).c_str(),
           s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "");
       std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
@@ -450,7 +450,7 @@ class runner {
 
 int run_rank(const settings& s) {
   asio::io_context context;
-  dcomm::init_options<dcomm::tcp_backend> o{.timeout = 120s};
+  dcomm::init_options<dcomm::cpu_backend> o{.timeout = 120s};
   // Spawned ranks share this host: keep the mesh on loopback.
   if (s.world > 0) o.backend.bind_host = "127.0.0.1";
   if (s.chunk_bytes) o.backend.chunk_bytes = s.chunk_bytes;
@@ -467,7 +467,7 @@ int run_rank(const settings& s) {
     o.backend.host_id = "bench-host-" + std::to_string(r * s.hosts / n);
   }
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
-    auto comm = co_await dcomm::init_process_group<dcomm::tcp_backend>(context.get_executor(), o);
+    auto comm = co_await dcomm::init_process_group<dcomm::cpu_backend>(context.get_executor(), o);
     runner r(comm, s);
     co_await r.run();
   }());

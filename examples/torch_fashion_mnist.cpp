@@ -41,7 +41,7 @@ torch::Tensor as_tensor(const fashion_mnist::dataset& d) {
 
 int run(const settings& s) {
   auto comm =
-      dcomm::init_process_group<dcomm::tcp_backend>({.init_method = "env://", .timeout = 60s});
+      dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 60s});
   const int rank = comm.rank(), world = comm.size();
   if (s.batch % world != 0)
     throw std::runtime_error("the batch does not split evenly over the ranks");

@@ -112,7 +112,7 @@ struct gradients {
 
 // --------------------------------------------------------- training
 
-using comm_t = dcomm::communicator<dcomm::tcp_backend>;
+using comm_t = dcomm::communicator<dcomm::cpu_backend>;
 
 struct trainer {
   const settings& s;
@@ -140,7 +140,7 @@ struct trainer {
   // Forward and backward over one local batch; returns its mean loss.
   // Gradients of the second layer are complete first: with the bucketer,
   // their all_reduce runs while the first layer's are computed.
-  float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<dcomm::tcp_backend>* b) {
+  float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<dcomm::cpu_backend>* b) {
     const std::size_t n = batch.size(), H = mlp::hidden, O = mlp::out;
     hidden.resize(n * H);
     logits.resize(n * O);
@@ -204,7 +204,7 @@ struct trainer {
 
 int run(const settings& s) {
   auto comm =
-      dcomm::init_process_group<dcomm::tcp_backend>({.init_method = "env://", .timeout = 60s});
+      dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 60s});
   const int rank = comm.rank(), world = comm.size();
   auto say = [&](const char* line) {
     if (rank == 0) {
@@ -222,7 +222,7 @@ int run(const settings& s) {
   trainer t(s, comm, train);
   // Every replica starts from rank 0's weights, as DDP does.
   for (auto* p : t.model.parameters()) comm.broadcast(*p, 0, dcomm::blocking);
-  dcomm::gradient_bucketer<dcomm::tcp_backend> bucketer(comm);
+  dcomm::gradient_bucketer<dcomm::cpu_backend> bucketer(comm);
   for (auto* g : t.grad.all()) bucketer.add(*g);
 
   dcomm::distributed_sampler sampler(

@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using comm_t = dcomm::communicator<dcomm::tcp_backend>;
+using comm_t = dcomm::communicator<dcomm::cpu_backend>;
 
 // One write per line, so lines of different ranks never mix.
 [[gnu::format(printf, 1, 2)]] void say(const char* format, ...) {
@@ -253,7 +253,7 @@ const std::map<std::string, program>& programs() {
 
 // The tutorial's init_process: join the group, run the program.
 int init_process(const program& p) {
-  auto c = dcomm::init_process_group<dcomm::tcp_backend>({.init_method = "env://", .timeout = 30s});
+  auto c = dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 30s});
   p.run(c);
   return 0;
 }

@@ -6,7 +6,7 @@
    internals, except where ALLOWED_CROSSINGS says so.
 3. Size: no header over MAX_LINES unless its first comment block says why
    (a line starting with "// Size:").
-4. Every collective of the TCP backend's tuning table has its algorithm in
+4. Every collective of the CPU backend's tuning table has its algorithm in
    tcp/algorithms/<op>.hpp (the _v forms beside their base op).
 5. A user of communicator.hpp or gradient_bucketer.hpp compiles no store,
    rendezvous, init_method or backend: LEAN says what each may not reach,
@@ -33,7 +33,7 @@ FLOORS = [
     # A backend's member bodies (Asio's impl/ style) are on the backend's floor.
     (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'),
     (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/shm/'),
-    (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
+    (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
     (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),

@@ -1,7 +1,7 @@
 // communicator<Backend>: what a torch.distributed user calls a process
 // group, as awaitable operations.
 //
-//   auto comm = dcomm::init_process_group<dcomm::tcp_backend>(   // init_process_group.hpp
+//   auto comm = dcomm::init_process_group<dcomm::cpu_backend>(   // init_process_group.hpp
 //       {.init_method = "env://", .timeout = 30s});
 //   comm.all_reduce(grads, dcomm::avg, dcomm::blocking);     // plain call
 //   co_await comm.all_reduce(grads, dcomm::avg);             // in a coroutine

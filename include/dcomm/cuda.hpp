@@ -226,7 +226,7 @@ inline void copy_on_device(void* dst, const void* src, std::size_t bytes, int de
 inline constexpr dcomm::detail::device_memory_hooks memory_hooks{
     &copy_to_host,    &copy_to_device, &allocate_pinned, &free_pinned,
     &allocate_device, &free_device,    &copy_on_device};
-// Including this header is what lets the tcp backend take CUDA tensors.
+// Including this header is what lets the CPU backend take CUDA tensors.
 inline const bool memory_hooks_installed = (dcomm::detail::device_memory() = &memory_hooks, true);
 
 }  // namespace detail

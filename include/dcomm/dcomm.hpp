@@ -6,6 +6,7 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/communicator.hpp"
 #include "dcomm/completion.hpp"
+#include "dcomm/cpu_backend.hpp"
 #include "dcomm/data_partitioner.hpp"
 #include "dcomm/distributed_sampler.hpp"
 #include "dcomm/dtype.hpp"

@@ -34,7 +34,7 @@
 // dcomm/nccl.hpp does) are packed into a bucket in the same GPU's memory,
 // by copies queued in the legacy default stream: after the gradient's
 // producers queued there (or on blocking streams), before the all_reduce
-// (the nccl backend's stream is a blocking one; the tcp backend's staging
+// (the nccl backend's stream is a blocking one; the CPU backend's staging
 // copies wait for that stream). wait() queues the copies back the same way:
 // work queued after it in that stream, or in blocking streams, sees the
 // averages; a non-blocking stream must wait for the legacy stream first.

@@ -4,7 +4,7 @@
 // library taking a communicator) does not compile the stores, the
 // init_method parser and the rendezvous.
 //
-//   auto comm = dcomm::init_process_group<dcomm::tcp_backend>(
+//   auto comm = dcomm::init_process_group<dcomm::cpu_backend>(
 //       {.init_method = "env://", .timeout = 30s});
 #pragma once
 

@@ -1,6 +1,6 @@
 // The NCCL backend: communicator<nccl_backend> runs every collective and
 // send/recv on this rank's GPU through NCCL, behind the same front end as the
-// tcp backend, so a training loop moves to the GPU by changing one type:
+// CPU backend, so a training loop moves to the GPU by changing one type:
 //
 //   dcomm::init_options<dcomm::nccl_backend> o{.init_method = "env://"};
 //   auto comm = co_await dcomm::init_process_group<dcomm::nccl_backend>(ex, o);

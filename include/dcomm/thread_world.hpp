@@ -1,11 +1,11 @@
 // A thread world: N ranks as threads of this process, each with an
 // io_context of its own and a communicator over one in-memory hash_store
 // (Gloo's test base, as a feature), for testing code that uses dcomm without
-// launching processes. The backend is real: with tcp_backend the ranks talk
-// over loopback sockets.
+// launching processes. The backend is real: with cpu_backend the ranks talk
+// through shared memory (over loopback sockets with DCOMM_TRANSPORT=tcp).
 //
-//   dcomm::run_thread_world<dcomm::tcp_backend>(
-//       4, [](dcomm::communicator<dcomm::tcp_backend>& comm) -> asio::awaitable<void> {
+//   dcomm::run_thread_world<dcomm::cpu_backend>(
+//       4, [](dcomm::communicator<dcomm::cpu_backend>& comm) -> asio::awaitable<void> {
 //         std::vector<int> x{comm.rank()};
 //         co_await comm.all_reduce(x, dcomm::sum);
 //       });

@@ -10,7 +10,7 @@
 // A tensor's memory is used in place, so it must be contiguous (call
 // .contiguous() first, and copy back if you made a copy). Its dtype must
 // be one of dcomm's eight; its device is reported as torch knows it (the
-// TCP backend takes CPU tensors). Like std::span, a tensor's constness is
+// CPU backend takes CPU tensors). Like std::span, a tensor's constness is
 // shallow: a const torch::Tensor& can still be received into, as in torch.
 #pragma once
 

@@ -27,7 +27,7 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/communicator.hpp"
-#include "dcomm/tcp_backend.hpp"
+#include "dcomm/cpu_backend.hpp"
 #include "dcomm/thread_world.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
@@ -248,9 +248,9 @@ asio::awaitable<void> errors_through(comm& c, way w) {
 
 // A world of 3 over tcp; every rank runs body(comm, w).
 void run_world(way w, asio::awaitable<void> (*body)(comm&, way)) {
-  dcomm::thread_world_options<dcomm::tcp_backend> o{.timeout = 20s, .deadline = 90s};
+  dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 90s};
   try {
-    dcomm::run_thread_world<dcomm::tcp_backend>(
+    dcomm::run_thread_world<dcomm::cpu_backend>(
         3, [&](comm& c) { return body(c, w); }, o);
   } catch (const std::exception& e) {
     FAIL(e.what());
@@ -274,8 +274,8 @@ TEST_SUITE("completion tokens") {
   // _v form: the compile failure of issue 15.
   TEST_CASE("asio::use_future, written as in the docs, from a plain thread") {
     DCOMM_TEST_DEADLINE(60s);
-    dcomm::thread_world_options<dcomm::tcp_backend> o{.timeout = 20s, .deadline = 50s};
-    dcomm::run_thread_world<dcomm::tcp_backend>(
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
         2,
         [](comm& comm) -> asio::awaitable<void> {
           // The futures are waited for on a thread that does not run the
@@ -520,10 +520,10 @@ TEST_SUITE("completion tokens") {
 namespace docs_example {
 // docs/core.md, "Thread worlds", verbatim: keep the two in step.
 void test_my_sum() {
-  dcomm::thread_world_options<dcomm::tcp_backend> options{.timeout = std::chrono::seconds(10)};
-  dcomm::run_thread_world<dcomm::tcp_backend>(
+  dcomm::thread_world_options<dcomm::cpu_backend> options{.timeout = std::chrono::seconds(10)};
+  dcomm::run_thread_world<dcomm::cpu_backend>(
       4,
-      [](dcomm::communicator<dcomm::tcp_backend>& comm) -> asio::awaitable<void> {
+      [](dcomm::communicator<dcomm::cpu_backend>& comm) -> asio::awaitable<void> {
         std::vector<int> x{comm.rank()};
         co_await comm.all_reduce(x, dcomm::sum);
         if (x[0] != 0 + 1 + 2 + 3) throw std::runtime_error("wrong sum: " + std::to_string(x[0]));
@@ -540,10 +540,10 @@ TEST_SUITE("thread world") {
 
   TEST_CASE("a failing rank: rank_failed names it, its exception nested; the rest listed") {
     DCOMM_TEST_DEADLINE(60s);
-    dcomm::thread_world_options<dcomm::tcp_backend> o{.timeout = 10s, .deadline = 50s};
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 10s, .deadline = 50s};
     bool thrown = false;
     try {
-      dcomm::run_thread_world<dcomm::tcp_backend>(
+      dcomm::run_thread_world<dcomm::cpu_backend>(
           3,
           [](comm& c) -> asio::awaitable<void> {
             if (c.rank() == 1) throw std::logic_error("rank one's own failure");
@@ -571,8 +571,8 @@ TEST_SUITE("thread world") {
 
   TEST_CASE("thread_world_failures: every rank's outcome; start-up failures included") {
     DCOMM_TEST_DEADLINE(60s);
-    dcomm::thread_world_options<dcomm::tcp_backend> o{.timeout = 10s, .deadline = 50s};
-    auto failures = dcomm::thread_world_failures<dcomm::tcp_backend>(
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 10s, .deadline = 50s};
+    auto failures = dcomm::thread_world_failures<dcomm::cpu_backend>(
         2,
         [](comm& c) -> asio::awaitable<void> {
           std::vector<float> x{1.0f};
@@ -587,12 +587,12 @@ TEST_SUITE("thread world") {
 
     // A backend option no rank can use (an unknown algorithm name) fails
     // init_process_group on every rank: each has its own error.
-    dcomm::thread_world_options<dcomm::tcp_backend> bad{
+    dcomm::thread_world_options<dcomm::cpu_backend> bad{
         .timeout = 10s, .deadline = 50s, .backend_of = [](int rank) {
-          return dcomm::tcp_backend::options{.algorithms =
+          return dcomm::cpu_backend::options{.algorithms =
                                                  "all_reduce=no_such_" + std::to_string(rank)};
         }};
-    auto start_up = dcomm::thread_world_failures<dcomm::tcp_backend>(
+    auto start_up = dcomm::thread_world_failures<dcomm::cpu_backend>(
         2, [](comm&) -> asio::awaitable<void> { co_return; }, bad);
     for (int r = 0; r < 2; ++r) {
       REQUIRE(start_up[static_cast<std::size_t>(r)] != nullptr);
@@ -600,7 +600,7 @@ TEST_SUITE("thread world") {
       INFO(what);
       CHECK(contains(what, "no_such_" + std::to_string(r)));
     }
-    CHECK_THROWS_AS(dcomm::thread_world_failures<dcomm::tcp_backend>(
+    CHECK_THROWS_AS(dcomm::thread_world_failures<dcomm::cpu_backend>(
                         0, [](comm&) -> asio::awaitable<void> { co_return; }),
                     dcomm::error);
   }
@@ -609,8 +609,8 @@ TEST_SUITE("thread world") {
     DCOMM_TEST_DEADLINE(60s);
     // Both ranks wait for a message nobody sends, with an operation timeout
     // far beyond the world's deadline: the deadline aborts them.
-    dcomm::thread_world_options<dcomm::tcp_backend> o{.timeout = 120s, .deadline = 1s};
-    auto failures = dcomm::thread_world_failures<dcomm::tcp_backend>(
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 120s, .deadline = 1s};
+    auto failures = dcomm::thread_world_failures<dcomm::cpu_backend>(
         2,
         [](comm& c) -> asio::awaitable<void> {
           std::vector<float> x(1);
@@ -631,7 +631,7 @@ TEST_SUITE("thread world") {
     }
     // A rank that waits on something abort() cannot reach (its own timer):
     // its io_context is stopped after the grace period.
-    auto stuck = dcomm::thread_world_failures<dcomm::tcp_backend>(
+    auto stuck = dcomm::thread_world_failures<dcomm::cpu_backend>(
         2,
         [](comm& c) -> asio::awaitable<void> {
           if (c.rank() == 0) {

@@ -103,7 +103,7 @@ std::string world_of_one(Body body, std::chrono::milliseconds timeout = std::chr
 
 TEST_SUITE("tcp cuda") {
   TEST_CASE(
-      "with dcomm/cuda.hpp the tcp backend takes CUDA tensors; a failed copy is device_error") {
+      "with dcomm/cuda.hpp the CPU backend takes CUDA tensors; a failed copy is device_error") {
     DCOMM_TEST_DEADLINE(120s);
     if (dcomm::cuda::device_count() > 0) {
       MESSAGE("a CUDA device is present: the staged collectives below run instead");

@@ -89,7 +89,7 @@ TEST_SUITE("shared memory") {
           },
           20s,
           [&](int r) {
-            dcomm::tcp_backend::options o;
+            dcomm::cpu_backend::options o;
             o.transport = s.transport;
             o.host_id = "box-" + std::to_string(r * s.hosts / world);
             return o;
@@ -121,7 +121,7 @@ TEST_SUITE("shared memory") {
         },
         20s,
         [](int r) {
-          dcomm::tcp_backend::options o;
+          dcomm::cpu_backend::options o;
           o.transport = r == 1 ? "tcp" : "auto";
           return o;
         });
@@ -132,14 +132,14 @@ TEST_SUITE("shared memory") {
 
   TEST_CASE("bad settings are refused before anything starts") {
     DCOMM_TEST_DEADLINE(30s);
-    for (auto bad : {std::function<void(dcomm::tcp_backend::options&)>(
+    for (auto bad : {std::function<void(dcomm::cpu_backend::options&)>(
                          [](auto& o) { o.transport = "infiniband"; }),
-                     std::function<void(dcomm::tcp_backend::options&)>(
+                     std::function<void(dcomm::cpu_backend::options&)>(
                          [](auto& o) { o.shm_ring_bytes = 3000; })}) {
       auto errors = dcomm::test::comm_world(
           2, [](comm&, int) -> asio::awaitable<void> { co_return; }, 5s,
           [&](int) {
-            dcomm::tcp_backend::options o;
+            dcomm::cpu_backend::options o;
             bad(o);
             return o;
           });
@@ -188,7 +188,7 @@ TEST_SUITE("shared memory") {
         },
         20s,
         [](int r) {
-          dcomm::tcp_backend::options o;
+          dcomm::cpu_backend::options o;
           o.host_id = "box-" + std::to_string(r / 2);
           return o;
         });
@@ -238,7 +238,7 @@ TEST_SUITE("shared memory") {
           },
           30s,
           [&](int r) {
-            dcomm::tcp_backend::options o;
+            dcomm::cpu_backend::options o;
             o.host_id = "box-" + std::to_string(host(r));
             return o;
           });
@@ -293,7 +293,7 @@ TEST_SUITE("shared memory") {
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("DCOMM_TRANSPORT", "shm", 1);
       if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-      auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
       for (int p = 0; p < 4; ++p)
         if (p != rank && c.backend().link_to(p) != "shm") return 5;
       // Many arena steps (and larger than a ring, over the links).

@@ -1,5 +1,5 @@
 // N ranks as threads in this process, each with its own io_context and a
-// communicator<tcp_backend> over real loopback sockets, sharing one
+// communicator<cpu_backend> over real loopback sockets, sharing one
 // hash_store: dcomm::thread_world (dcomm/thread_world.hpp), with each rank's
 // error as a message. The body is a coroutine per rank.
 #pragma once
@@ -16,13 +16,13 @@
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/init_process_group.hpp"
-#include "dcomm/tcp_backend.hpp"
+#include "dcomm/cpu_backend.hpp"
 #include "dcomm/thread_world.hpp"
 #include "support/sanitizer.hpp"
 
 namespace dcomm::test {
 
-using comm = communicator<tcp_backend>;
+using comm = communicator<cpu_backend>;
 using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
 
 // Runs body on every rank; returns each rank's error message ("" when it
@@ -32,19 +32,19 @@ using rank_body = std::function<asio::awaitable<void>(comm&, int)>;
 // meson's limits stop a hung test first, naming it).
 inline std::vector<std::string> comm_world(
     int world, const rank_body& body, std::chrono::milliseconds timeout,
-    const std::function<tcp_backend::options(int)>& backend_of) {
+    const std::function<cpu_backend::options(int)>& backend_of) {
   // DCOMM_TEST_HOSTS=k runs the world as k hosts of consecutive ranks
   // (shared memory inside each, TCP between them): meson runs suites so.
   const char* hosts = std::getenv("DCOMM_TEST_HOSTS");
   const int k = hosts && *hosts ? std::max(1, std::atoi(hosts)) : 0;
   auto with_host = [&backend_of, k, world](int r) {
-    tcp_backend::options o = backend_of(r);
+    cpu_backend::options o = backend_of(r);
     if (k > 0 && o.host_id.empty()) o.host_id = "test-host-" + std::to_string(r * k / world);
     return o;
   };
-  thread_world_options<tcp_backend> o{
+  thread_world_options<cpu_backend> o{
       .timeout = timeout, .deadline = std::chrono::minutes(15), .backend_of = with_host};
-  auto failures = thread_world_failures<tcp_backend>(
+  auto failures = thread_world_failures<cpu_backend>(
       world, [&](comm& c) { return body(c, c.rank()); }, o);
   std::vector<std::string> errors;
   for (auto& f : failures) errors.push_back(f ? detail::message_of(f) : std::string());
@@ -53,7 +53,7 @@ inline std::vector<std::string> comm_world(
 
 inline std::vector<std::string> comm_world(
     int world, const rank_body& body, std::chrono::milliseconds timeout = std::chrono::seconds(20),
-    tcp_backend::options backend = {}) {
+    cpu_backend::options backend = {}) {
   return comm_world(world, body, timeout, [&](int) { return backend; });
 }
 

@@ -1,4 +1,4 @@
-// The tcp backend's staging of CUDA tensors, exercised where there is no
+// The CPU backend's staging of CUDA tensors, exercised where there is no
 // GPU (CI): "device memory" here is host memory that tensors report as
 // device::cuda(0), and the device memory hooks copy it with memcpy after a
 // random pause of up to `jitter` (so that copies finish in ever different

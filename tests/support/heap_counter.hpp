@@ -1,4 +1,4 @@
-// Counts heap allocations, for the TCP backend's promise that an operation
+// Counts heap allocations, for the CPU backend's promise that an operation
 // in steady state allocates nothing. Two counts:
 //   heap allocations: glibc's malloc family, interposed. Everything ends up
 //     there, Asio's coroutine frames and handler memory included (Asio takes

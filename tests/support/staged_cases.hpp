@@ -1,4 +1,4 @@
-// CUDA tensors over the tcp backend (staged through page-locked host
+// CUDA tensors over the CPU backend (staged through page-locked host
 // memory), as cases over a `Memory`: gpu_tests runs them on a real device
 // (cuda_memory), backend_tests on emulated device memory (support/
 // emulated_device.hpp) so that CI, without a GPU, runs the staging logic
@@ -129,7 +129,7 @@ template <class Memory>
 void slice_by_slice() {
   for (std::size_t count : {std::size_t{1001}, std::size_t{150001}}) {
     CAPTURE(count);
-    tcp_backend::options o;
+    cpu_backend::options o;
     o.staging_slice = 4096;
     DCOMM_REQUIRE_WORLD(
         3,
@@ -242,7 +242,7 @@ void slice_by_slice() {
 // on every rank (naming the slices), not a hang or mixed data.
 template <class Memory>
 void slicing_must_agree() {
-  tcp_backend::options o;
+  cpu_backend::options o;
   o.staging_slice = 4096;
   auto errors = comm_world(
       3,
@@ -271,7 +271,7 @@ void slicing_must_agree() {
 // every gradient ends as its average over the ranks.
 template <class Memory>
 void bucketer_on_device() {
-  tcp_backend::options o;
+  cpu_backend::options o;
   o.staging_slice = 4096;
   DCOMM_REQUIRE_WORLD(
       3,

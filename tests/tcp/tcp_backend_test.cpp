@@ -1,4 +1,4 @@
-// The TCP backend beyond the collective matrix: point-to-point (tags, sizes,
+// The CPU backend beyond the collective matrix: point-to-point (tags, sizes,
 // requests), groups, completion tokens, and failures (mismatched calls,
 // deadlines, abort, a rank killed mid-collective, a communicator destroyed
 // with work pending). Thread worlds, and real processes through spawn.
@@ -12,9 +12,12 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dcomm/spawn.hpp"
+#include "dcomm/tcp_backend.hpp"
+#include "dcomm/thread_world.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
 #include "support/emulated_device.hpp"
@@ -42,6 +45,19 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
 }  // namespace
 
 TEST_SUITE("tcp point to point") {
+  TEST_CASE("tcp_backend, the CPU backend's name in wave 1, still builds and runs a job") {
+    DCOMM_TEST_DEADLINE(60s);
+    static_assert(std::is_same_v<dcomm::tcp_backend, dcomm::cpu_backend>);
+    using comm_type = dcomm::communicator<dcomm::tcp_backend>;
+    std::vector<int> sums(3, 0);
+    dcomm::run_thread_world<dcomm::tcp_backend>(3, [&](comm_type& c) -> asio::awaitable<void> {
+      std::vector<int> x{c.rank() + 1};
+      co_await c.all_reduce(x, dcomm::sum);
+      sums[static_cast<std::size_t>(c.rank())] = x[0];
+    });
+    CHECK(sums == std::vector<int>{6, 6, 6});
+  }
+
   TEST_CASE("send and recv: sizes from 0 to beyond socket buffers, straight into the buffer") {
     DCOMM_TEST_DEADLINE(60s);
     DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
@@ -368,7 +384,7 @@ TEST_SUITE("tcp failures") {
       ::setenv("WORLD_SIZE", "4", 1);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-      auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
       std::vector<float> v(8 << 20, 1.0f);  // 32 MiB, so the ring is still running
       if (rank == 2) {
         c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});  // started, never finished
@@ -414,7 +430,7 @@ TEST_SUITE("tcp processes") {
     DCOMM_TEST_DEADLINE(90s);
     dcomm::spawn(4,
                  [](int rank, int world) {
-                   auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 30s});
+                   auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
                    if (c.rank() != rank || c.size() != world) return 1;
                    std::vector<float> t{static_cast<float>(rank + 1)};
                    c.all_reduce(t, dcomm::sum, dcomm::blocking);
@@ -463,7 +479,7 @@ TEST_SUITE("tcp allocations") {
     // Over loopback sockets, and over shared memory (one process: one host).
     for (const char* transport : {"tcp", "shm"}) {
       CAPTURE(transport);
-      dcomm::tcp_backend::options links;
+      dcomm::cpu_backend::options links;
       links.transport = transport;
       std::vector<std::vector<tally>> tallies(world);
       DCOMM_REQUIRE_WORLD(
@@ -561,8 +577,8 @@ struct emulated_memory {
 };
 
 // 4 KiB slices: 100003 int64 go in 196 of 512 elements.
-dcomm::tcp_backend::options small_slices() {
-  dcomm::tcp_backend::options o;
+dcomm::cpu_backend::options small_slices() {
+  dcomm::cpu_backend::options o;
   o.staging_slice = 4096;
   return o;
 }

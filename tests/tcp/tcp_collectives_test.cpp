@@ -1,4 +1,4 @@
-// Every collective of the TCP backend against computed expectations: every
+// Every collective of the CPU backend against computed expectations: every
 // dtype, world sizes 1-8, counts 0, 1, 7, world-1 and a large count not
 // divisible by the world size, in place and out of place, each algorithm
 // forced on its own. Inputs are small integers, exact in every dtype, so
@@ -314,8 +314,8 @@ std::vector<std::size_t> counts_for(int world, std::size_t large) {
 
 // Small eager limit and chunks, so that the rendezvous protocol, chunking
 // and pipelining are exercised with counts that keep the test fast.
-dcomm::tcp_backend::options small_messages() {
-  dcomm::tcp_backend::options o;
+dcomm::cpu_backend::options small_messages() {
+  dcomm::cpu_backend::options o;
   o.eager_limit = 512;
   o.chunk_bytes = 1024;
   o.small_all_reduce = 256;

@@ -1,4 +1,4 @@
-// The TCP backend at the edges (issue 14's outside fault run): a refused
+// The CPU backend at the edges (issue 14's outside fault run): a refused
 // call takes no sequence number; every pair of different collective calls
 // fails on every rank with mismatch naming both calls, whatever the
 // algorithms' message patterns; a stopped or killed rank is the one every
@@ -267,7 +267,7 @@ TEST_SUITE("tcp faults") {
             require(r != root || one[0] == 3, "reduce without confirmation");
           }
         },
-        20s, dcomm::tcp_backend::options{.confirm_rooted = false});
+        20s, dcomm::cpu_backend::options{.confirm_rooted = false});
     // Ranks that disagree: a call that differs, caught on both sides.
     auto errors = dcomm::test::comm_world(
         2,
@@ -275,7 +275,7 @@ TEST_SUITE("tcp faults") {
           std::vector<float> v(10);
           co_await c.broadcast(v, 0, quick());
         },
-        20s, [](int r) { return dcomm::tcp_backend::options{.confirm_rooted = r == 0}; });
+        20s, [](int r) { return dcomm::cpu_backend::options{.confirm_rooted = r == 0}; });
     INFO(dcomm::test::summary(errors));
     for (const auto& e : errors) {
       CHECK(contains(e, "mismatch"));
@@ -291,7 +291,7 @@ TEST_SUITE("tcp faults") {
       dcomm::test::listening_socket master;
       auto results = dcomm::test::fork_world(4, 60s, [&](int rank) -> int {
         set_env(master, rank, 4);
-        auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 20s});
+        auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 20s});
         const auto pids =
             c.all_gather_object(static_cast<std::int32_t>(::getpid()), dcomm::blocking);
         std::vector<float> v(mid_collective ? 8 << 20 : 16, 1.0f);
@@ -337,7 +337,7 @@ TEST_SUITE("tcp faults") {
           }).detach();
         set_env(master, rank, 4);
         try {
-          auto c = dcomm::init_process_group<dcomm::tcp_backend>({.timeout = 3s});
+          auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 3s});
           std::vector<float> small(16, 1.0f), large(1 << 18, 1.0f);
           for (int i = 0; i < 10; ++i) {
             c.all_reduce(small, dcomm::sum, dcomm::blocking);

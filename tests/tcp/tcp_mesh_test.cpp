@@ -1,4 +1,4 @@
-// The TCP backend's connection mesh: every pair of ranks ends up with one
+// The CPU backend's connection mesh: every pair of ranks ends up with one
 // authenticated socket that really leads to the rank it claims to, whatever
 // strangers do to the mesh ports while it forms; and start-up fails with a
 // dcomm::error naming the cause, never a raw system error or a hang.
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "dcomm/communicator.hpp"
+#include "dcomm/cpu_backend.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/spawn.hpp"
-#include "dcomm/tcp_backend.hpp"
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
 #include "support/store_world.hpp"
@@ -628,10 +628,10 @@ TEST_CASE("init_process_group: a peer that resets connections is a dcomm::error 
   auto o = timed([&] {
     asio::io_context ctx;
     auto s = w.handle(ctx.get_executor());
-    dcomm::init_options<dcomm::tcp_backend> options{.timeout = 2s, .job_token = ""};
+    dcomm::init_options<dcomm::cpu_backend> options{.timeout = 2s, .job_token = ""};
     options.backend.bind_host = "127.0.0.1";
     dcomm::sync_wait(
-        ctx, dcomm::init_process_group<dcomm::tcp_backend>(ctx.get_executor(), s, 1, 2, options));
+        ctx, dcomm::init_process_group<dcomm::cpu_backend>(ctx.get_executor(), s, 1, 2, options));
   });
   INFO(o.error);
   CHECK(o.dcomm_error);
@@ -654,11 +654,11 @@ TEST_CASE("init_process_group: a peer that resets connections is a dcomm::error 
       std::this_thread::sleep_for(4s);  // rank 1 gives up first
       return 0;
     }
-    dcomm::init_options<dcomm::tcp_backend> options{
+    dcomm::init_options<dcomm::cpu_backend> options{
         .init_method = init_method, .rank = 1, .world_size = 2, .timeout = 3s, .job_token = ""};
     options.backend.bind_host = "127.0.0.1";
     try {
-      auto comm = dcomm::init_process_group<dcomm::tcp_backend>(options);
+      auto comm = dcomm::init_process_group<dcomm::cpu_backend>(options);
       std::fprintf(stderr, "rank 1: init_process_group succeeded against a resetting peer\n");
       return 5;
     } catch (const dcomm::error& e) {
@@ -820,11 +820,11 @@ TEST_CASE("tcp start-up: a rank that fails after its mesh says why to peers stil
       results[static_cast<std::size_t>(rank)] = timed([&] {
         asio::io_context ctx;
         auto shared = dcomm::hash_store::create(ctx.get_executor(), table, 10s);
-        auto s = std::make_shared<faulty_store>(shared, rank == 0,
-                                                rank == 2 ? "/addr/1" : "", 1000ms);
-        dcomm::sync_wait(
-            ctx, dcomm::tcp::connect_transport(s, rank, 3, {.bind_host = "127.0.0.1"}, {},
-                                               std::chrono::steady_clock::now() + 10s));
+        auto s =
+            std::make_shared<faulty_store>(shared, rank == 0, rank == 2 ? "/addr/1" : "", 1000ms);
+        dcomm::sync_wait(ctx,
+                         dcomm::tcp::connect_transport(s, rank, 3, {.bind_host = "127.0.0.1"}, {},
+                                                       std::chrono::steady_clock::now() + 10s));
       });
     });
   ranks.clear();

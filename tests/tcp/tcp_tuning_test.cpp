@@ -1,6 +1,6 @@
-// The TCP backend's choice of algorithm (tcp/tuning.hpp), without a
+// The CPU backend's choice of algorithm (tcp/tuning.hpp), without a
 // network: what each op runs at sizes around its limit (the defaults of
-// tcp_backend::options and others), in a world of one, when a call or
+// cpu_backend::options and others), in a world of one, when a call or
 // DCOMM_ALGO asks for an algorithm, and what is refused. The algorithms
 // themselves run in the "tcp collectives" suite.
 #include <doctest/doctest.h>
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dcomm/tcp_backend.hpp"
+#include "dcomm/cpu_backend.hpp"
 
 namespace {
 
@@ -26,7 +26,7 @@ constexpr std::size_t huge = std::size_t{1} << 40;
 // `world` ranks, asking for `asked`.
 std::optional<algorithm> pick(coll_op op, std::size_t bytes, int world = 4,
                               algorithm asked = algorithm::automatic,
-                              const dcomm::tcp_backend::options& o = {}) {
+                              const dcomm::cpu_backend::options& o = {}) {
   return dcomm::tcp::choose(op, asked, {.bytes = bytes, .count = bytes}, world, o);
 }
 
@@ -67,7 +67,7 @@ TEST_SUITE("tcp tuning") {
   TEST_CASE("each op reads its own option's limit") {
     // Four different limits: an op that read another's would pick wrongly
     // on one side of its own.
-    dcomm::tcp_backend::options o;
+    dcomm::cpu_backend::options o;
     o.small_all_reduce = 1000;
     o.small_broadcast = 2000;
     o.small_all_gather = 3000;
@@ -103,7 +103,7 @@ TEST_SUITE("tcp tuning") {
   }
 
   TEST_CASE("all_reduce with fewer elements than ranks runs recursive doubling at any size") {
-    const dcomm::tcp_backend::options o;
+    const dcomm::cpu_backend::options o;
     auto all_reduce = [&](std::size_t count, int world) {
       return dcomm::tcp::choose(coll_op::all_reduce, algorithm::automatic,
                                 {.bytes = huge, .count = count}, world, o);
@@ -192,7 +192,7 @@ TEST_SUITE("tcp tuning") {
   }
 
   TEST_CASE("across hosts all_reduce goes through the hosts, unless a call asks otherwise") {
-    const dcomm::tcp_backend::options o;
+    const dcomm::cpu_backend::options o;
     auto across = [&](std::size_t bytes, algorithm asked = algorithm::automatic) {
       return dcomm::tcp::choose(coll_op::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4, o,
                                 true);

@@ -1,4 +1,4 @@
-// One operation of the TCP backend in progress: the algorithms post sends
+// One operation of the CPU backend in progress: the algorithms post sends
 // and receives to group ranks through it and wait for them; it carries the
 // deadline, the call signature and the error context.
 #pragma once

@@ -1,4 +1,4 @@
-// The TCP backend's start: the address this rank advertises, the mesh of
+// The CPU backend's start: the address this rank advertises, the mesh of
 // links to its peers (tcp/mesh.hpp) tuned for bulk transfer, and the
 // transport started over them (tcp/transport.hpp).
 #pragma once
@@ -56,11 +56,11 @@ struct shm_options {
 inline shm::segment_sizes checked(shm::segment_sizes sizes) {
   if (sizes.ring_bytes < 4096 || (sizes.ring_bytes & (sizes.ring_bytes - 1)) != 0)
     throw_error(errc::invalid_argument,
-                {.operation = "tcp_backend",
+                {.operation = "cpu_backend",
                  .expected = "shm_ring_bytes: a power of two of at least 4096",
                  .seen = std::to_string(sizes.ring_bytes)});
   if (sizes.slot_bytes == 0 || sizes.slot_bytes % 4096 != 0)
-    throw_error(errc::invalid_argument, {.operation = "tcp_backend",
+    throw_error(errc::invalid_argument, {.operation = "cpu_backend",
                                          .expected = "shm_slot_bytes: a positive multiple of 4096",
                                          .seen = std::to_string(sizes.slot_bytes)});
   return sizes;

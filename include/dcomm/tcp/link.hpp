@@ -88,7 +88,7 @@ struct peer_link {
   std::size_t batch = 0;               // frames at the front being written
   std::vector<io_item*> awaiting_cts;  // sends that sent rts
   // Frame bytes (headers included) written to this link so far, and those
-  // of the batch being written (tcp_backend::bytes_sent_to).
+  // of the batch being written (cpu_backend::bytes_sent_to).
   std::uint64_t bytes_written = 0;
   std::size_t batch_bytes = 0;
   // The batch's headers, copied: frames may move while it is written.

@@ -34,7 +34,7 @@ inline link_choice parse_link_choice(std::string_view v) {
   if (v.empty() || v == "auto") return link_choice::automatic;
   if (v == "shm") return link_choice::shm;
   if (v == "tcp") return link_choice::tcp;
-  throw_error(errc::invalid_argument, {.operation = "tcp_backend",
+  throw_error(errc::invalid_argument, {.operation = "cpu_backend",
                                        .expected = "DCOMM_TRANSPORT (or options::transport) "
                                                    "'auto', 'shm' or 'tcp'",
                                        .seen = "'" + std::string(v) + "'"});
@@ -46,7 +46,7 @@ inline std::string host_to_publish(link_choice choice, int rank, std::string id)
   if (id.empty()) id = shm::host_identity();
   if (id.empty() && choice == link_choice::shm)
     throw_error(errc::unsupported,
-                {.operation = "tcp_backend",
+                {.operation = "cpu_backend",
                  .rank = rank,
                  .detail = "DCOMM_TRANSPORT=shm, but this rank cannot tell which host it is on "
                            "(/proc/sys/kernel/random/boot_id or /proc/self/ns/net unreadable); "
@@ -83,7 +83,7 @@ inline asio::awaitable<std::vector<int>> host_of_each_rank(std::shared_ptr<store
     } catch (...) {
       failure = std::current_exception();
     }
-    if (failure) rethrow_unpublished(failure, "tcp_backend start-up", rank, p, key, "host");
+    if (failure) rethrow_unpublished(failure, "cpu_backend start-up", rank, p, key, "host");
   }
   std::vector<int> host(static_cast<std::size_t>(world));
   std::map<std::string, int> first;  // identity -> its lowest rank

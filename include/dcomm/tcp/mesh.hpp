@@ -1,4 +1,4 @@
-// The full mesh of peer connections a TCP backend runs on: one authenticated
+// The full mesh of peer connections a CPU backend runs on: one authenticated
 // socket per pair of ranks, found through the store.
 //
 //   1. every rank listens on bind_host:0 and publishes "<prefix>/addr/<rank>"
@@ -284,7 +284,7 @@ inline void take_accepted(acceptance& st, mesh_sockets& sockets) {
 
 // A failed connect names the peer it could not reach.
 [[noreturn]] inline void fail_connect(acceptance& st, std::exception_ptr failure,
-                                     mesh_sockets& sockets) {
+                                      mesh_sockets& sockets) {
   int culprit = -1;
   try {
     std::rethrow_exception(failure);

@@ -1,8 +1,8 @@
-// CUDA tensors on the TCP backend, which works in host memory: staged
+// CUDA tensors on the CPU backend, which works in host memory: staged
 // through page-locked host memory (Gloo's way for GPUs without NCCL's
 // connectivity), either whole around a host call, or slice by slice within
 // one call with the copies to and from the device overlapped with the
-// network. The backend's operations decide which (tcp_backend.hpp); the
+// network. The backend's operations decide which (cpu_backend.hpp); the
 // copies themselves are detail/device_memory.hpp's.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The TCP backend's transport: one socket per peer (from connect_mesh), on
+// The CPU backend's transport: one socket per peer (from connect_mesh), on
 // which every operation of every group travels as framed messages.
 //
 // This header holds the transport class and its operations' life (add,

@@ -1,4 +1,4 @@
-// The TCP backend's tuning, in one place: for each collective, the
+// The CPU backend's tuning, in one place: for each collective, the
 // algorithm for small and for large messages and the option that sets the
 // size between them (algorithm_table); the DCOMM_ALGO overrides; which
 // algorithms a call may ask for; and the choice for one call (choose). The
@@ -19,7 +19,7 @@
 
 namespace dcomm::tcp {
 
-// The field of tcp_backend::options that holds an op's size limit: up to
+// The field of cpu_backend::options that holds an op's size limit: up to
 // it (bytes) the small algorithm runs, above it the large one.
 enum class size_limit : std::uint8_t {
   none,  // one algorithm, whatever the size
@@ -43,7 +43,7 @@ struct algorithm_choice {
   bool part_per_rank = false;
   // It also has algorithm::shared_memory (tcp/algorithms/shared_memory.hpp),
   // which runs, whatever the size, where the group's ranks all share a
-  // host's arena (tcp_backend::via_arena), unless a call asks for another.
+  // host's arena (cpu_backend::via_arena), unless a call asks for another.
   bool shared_memory = false;
   // And algorithm::hierarchical (tcp/algorithms/hierarchical.hpp), which
   // runs, whatever the size, where the group spans hosts with several of
@@ -77,7 +77,7 @@ inline const algorithm_choice& algorithms_of(coll_op op) {
   return algorithm_table[0];
 }
 
-// The value of `limit` in `o` (a tcp_backend::options; a template so that
+// The value of `limit` in `o` (a cpu_backend::options; a template so that
 // this table need not include the backend).
 template <class Options>
 std::size_t limit_of(const Options& o, size_limit limit) {
@@ -121,7 +121,7 @@ inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view s
   std::map<coll_op, algorithm> out;
   auto fail = [&](std::string why) {
     throw_error(errc::invalid_argument,
-                {.operation = "tcp_backend",
+                {.operation = "cpu_backend",
                  .key = "DCOMM_ALGO",
                  .seen = std::string(spec),
                  .detail = why + "; expected op=algorithm[,op=algorithm...], e.g. "
@@ -164,7 +164,7 @@ struct call_size {
 };
 
 // What a call of `op` runs: the algorithm it asked for (requested()), else
-// the table's by size, with the limits of `o` (tcp_backend::options). A
+// the table's by size, with the limits of `o` (cpu_backend::options). A
 // world of one runs the small algorithm, which does without messages (the
 // large ones assume a ring or chain of two ranks or more). Empty: `asked`
 // is not one of the op's (refuse_algorithm says why; the front end refuses

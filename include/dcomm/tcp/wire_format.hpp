@@ -1,4 +1,4 @@
-// The TCP backend's wire format: the fixed header every frame starts with
+// The CPU backend's wire format: the fixed header every frame starts with
 // (transport.hpp says what each kind of frame does), and the call signature
 // it carries, by which ranks that make different calls find out. The mesh
 // uses it too: a rank that fails while the mesh forms says goodbye in it.

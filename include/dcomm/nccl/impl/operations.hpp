@@ -36,7 +36,7 @@ inline void nccl_backend::check_tensor(const const_tensor_view& v, const char* o
                  .rank = rank_,
                  .expected = "a CUDA tensor on device " + std::to_string(device_),
                  .seen = "host memory",
-                 .detail = "the nccl backend takes device memory; use the tcp backend for "
+                 .detail = "the nccl backend takes device memory; use the CPU backend for "
                            "host tensors"});
   if (v.device.index != device_)
     throw_error(

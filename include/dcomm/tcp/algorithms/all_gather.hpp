@@ -1,4 +1,4 @@
-// all_gather and all_gather_v on the TCP backend.
+// all_gather and all_gather_v on the CPU backend.
 //   direct_all_gather: small outputs; every rank sends its block to every
 //     other at once (n-1 messages in flight per rank, one round).
 //   ring_all_gather: large outputs; the ring's all-gather phase, chunked.

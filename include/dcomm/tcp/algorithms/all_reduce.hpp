@@ -1,4 +1,4 @@
-// all_reduce on the TCP backend.
+// all_reduce on the CPU backend.
 //   recursive_doubling_all_reduce: small messages; log2(p) rounds in which
 //     partners swap whole buffers. A world that is not a power of two
 //     first folds its extra ranks into partners and unfolds at the end.

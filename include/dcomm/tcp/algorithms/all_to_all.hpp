@@ -1,4 +1,4 @@
-// all_to_all and all_to_all_v on the TCP backend: block p of every rank's
+// all_to_all and all_to_all_v on the CPU backend: block p of every rank's
 // input goes to rank p, directly; every message is in flight at once,
 // each rank starting with its right-hand neighbour so links share the load.
 #pragma once

@@ -1,4 +1,4 @@
-// barrier on the TCP backend: the dissemination algorithm. In round k
+// barrier on the CPU backend: the dissemination algorithm. In round k
 // every rank signals rank + 2^k and waits for rank - 2^k; after
 // ceil(log2 n) rounds each rank has heard, indirectly, from all.
 #pragma once

@@ -1,4 +1,4 @@
-// broadcast on the TCP backend.
+// broadcast on the CPU backend.
 //   binomial_broadcast: small messages; log2(n) levels, each rank receives
 //     once from its parent and sends to its children.
 //   chain_broadcast: large messages; root -> root+1 -> ... in chunks, each

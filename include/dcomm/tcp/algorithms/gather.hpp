@@ -1,4 +1,4 @@
-// gather on the TCP backend: every rank sends its block to the root directly
+// gather on the CPU backend: every rank sends its block to the root directly
 // (all messages in flight at once).
 #pragma once
 

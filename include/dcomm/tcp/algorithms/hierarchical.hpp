@@ -1,4 +1,4 @@
-// The hierarchical collectives of the TCP backend, for groups whose ranks
+// The hierarchical collectives of the CPU backend, for groups whose ranks
 // span hosts with several ranks on some (tcp/hosts.hpp): most bytes move
 // inside a host, over shared memory, and few between hosts, over TCP. Each
 // phase runs one of the flat algorithms among some of the group's ranks
@@ -29,13 +29,13 @@
 
 namespace dcomm::tcp {
 
-// The sizes the phases choose their flat algorithm by (tcp_backend::options).
+// The sizes the phases choose their flat algorithm by (cpu_backend::options).
 struct hierarchy_tuning {
   std::size_t small_all_reduce = 0;
   std::size_t small_broadcast = 0;
   std::size_t chunk_bytes = 0;
 };
-template <class Options>  // tcp_backend::options
+template <class Options>  // cpu_backend::options
 hierarchy_tuning hierarchy_tuning_of(const Options& o) {
   return {.small_all_reduce = o.small_all_reduce,
           .small_broadcast = o.small_broadcast,

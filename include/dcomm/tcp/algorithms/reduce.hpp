@@ -1,4 +1,4 @@
-// reduce on the TCP backend; only the root's output is written, and no
+// reduce on the CPU backend; only the root's output is written, and no
 // rank's input is modified.
 //   binomial_reduce: small messages; partial results climb a binomial tree.
 //   chain_reduce: large messages; chunks flow root+n-1 -> ... -> root, each

@@ -1,4 +1,4 @@
-// reduce_scatter on the TCP backend: rank r gets block r of the reduction
+// reduce_scatter on the CPU backend: rank r gets block r of the reduction
 // of every rank's n blocks.
 //   direct_reduce_scatter: small inputs; block p goes straight to rank p,
 //     which reduces the n-1 blocks it receives.

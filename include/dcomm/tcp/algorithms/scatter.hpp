@@ -1,4 +1,4 @@
-// scatter on the TCP backend: the root sends every other rank its block
+// scatter on the CPU backend: the root sends every other rank its block
 // directly (all messages in flight at once).
 #pragma once
 

@@ -1,0 +1,542 @@
+// The CPU backend: ranks of one host talk through shared memory, ranks of
+// different hosts over TCP (a full mesh of authenticated sockets, one per
+// pair of ranks, shared by every group); framed messages matched by group,
+// tag or sequence number; the collective algorithms in tcp/algorithms/.
+// Use it through communicator<cpu_backend> (communicator.hpp). Its parts
+// are in tcp/ (the links and the algorithms; the folder is named for the
+// backend's first transport) and shm/ (the host's segment): the start
+// (tcp/connect.hpp), the choice of algorithm (tcp/tuning.hpp), the staging
+// of CUDA tensors (tcp/staging.hpp), one call in progress (tcp/call.hpp)
+// and the transport under it all (tcp/transport.hpp). It was named
+// tcp_backend before it had shared memory: dcomm/tcp_backend.hpp keeps that
+// name as an alias.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/detail/device_memory.hpp"
+#include "dcomm/store/store.hpp"
+#include "dcomm/tcp/algorithms/all_gather.hpp"
+#include "dcomm/tcp/algorithms/all_reduce.hpp"
+#include "dcomm/tcp/algorithms/all_to_all.hpp"
+#include "dcomm/tcp/algorithms/barrier.hpp"
+#include "dcomm/tcp/algorithms/broadcast.hpp"
+#include "dcomm/tcp/algorithms/gather.hpp"
+#include "dcomm/tcp/algorithms/hierarchical.hpp"
+#include "dcomm/tcp/algorithms/reduce.hpp"
+#include "dcomm/tcp/algorithms/reduce_scatter.hpp"
+#include "dcomm/tcp/algorithms/scatter.hpp"
+#include "dcomm/tcp/algorithms/shared_memory.hpp"
+#include "dcomm/tcp/backend_options.hpp"
+#include "dcomm/tcp/call.hpp"
+#include "dcomm/tcp/connect.hpp"
+#include "dcomm/tcp/staging.hpp"
+#include "dcomm/tcp/transport.hpp"
+#include "dcomm/tcp/tuning.hpp"
+
+namespace dcomm {
+
+class cpu_backend {
+ public:
+  static constexpr std::string_view name = "cpu";
+  static constexpr bool supports_custom_reduce = true;
+  static constexpr bool supports_bitwise_reduce = true;
+  static constexpr bool supports_streams = false;
+
+  // Per-backend options (tcp/backend_options.hpp has each one's meaning).
+  using options = tcp::backend_options;
+
+  // Connects to every peer through the store. Runs on (and stays on) the
+  // executor it is awaited from, which must be a strand or a one-thread
+  // context: the backend's state is not locked.
+  static asio::awaitable<std::shared_ptr<cpu_backend>> create(std::shared_ptr<store> s, int rank,
+                                                              int world, std::string job_token,
+                                                              std::string store_host, options o,
+                                                              detail::clock::time_point deadline) {
+    auto ex = co_await asio::this_coro::executor;
+    auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
+    tcp::mesh_options mesh{
+        .purpose = "tcp_backend",  // the handshake's name for this mesh, kept from wave 1
+        .job_token = std::move(job_token),
+        .bind_host = o.bind_host,
+        .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
+    const tcp::shm_options shm{
+        .links = tcp::parse_link_choice(o.transport),
+        .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
+        .host_id = o.host_id};
+    auto net = co_await tcp::connect_transport(
+        std::move(s), rank, world, std::move(mesh),
+        {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin}, deadline, shm);
+    co_return std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, overrides));
+  }
+
+  cpu_backend(const cpu_backend&) = delete;
+  cpu_backend& operator=(const cpu_backend&) = delete;
+  // Closing is the communicator's job (its last handle calls close()); the
+  // destructor may run while the executor itself is being destroyed.
+  ~cpu_backend() = default;
+
+  asio::any_io_executor get_executor() const { return ex_; }
+  int rank() const { return net_->rank(); }
+  int world_size() const { return net_->world(); }
+  // Whom the links closed so far blame (those that left in order, done,
+  // aside): ranks that died, or the culprits named by ranks that left
+  // because of them. On the backend's executor; start-up uses it to name a
+  // rank that died before the job began.
+  std::vector<int> lost_peers() const {
+    std::vector<int> blamed;
+    for (int p = 0; p < world_size(); ++p)
+      if (p != rank() && net_->peer_lost(p) && !net_->left_in_order(p))
+        blamed.push_back(net_->blame_for_loss(p));
+    std::sort(blamed.begin(), blamed.end());
+    blamed.erase(std::unique(blamed.begin(), blamed.end()), blamed.end());
+    return blamed;
+  }
+
+  // How frames reach rank `peer` (a global rank, not this one): "shm"
+  // (shared memory, a rank of this host) or "tcp". On the backend's
+  // executor, or once start-up is over (links never change after).
+  std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
+  // Bytes (headers included) written on the link to `peer`; on the executor.
+  std::uint64_t bytes_sent_to(int peer) const { return net_->bytes_sent_to(peer); }
+
+  // Fails every pending and future operation at once; closes every link.
+  // Thread-safe: runs on the backend's executor.
+  void abort() {
+    asio::dispatch(ex_, [net = net_] { net->abort(); });
+  }
+  // Start-up failed after the backend was made: goodbyes name the cause.
+  void leave_start_up(std::exception_ptr failure) {
+    asio::dispatch(ex_, [net = net_, failure] { net->leave_start_up(failure); });
+  }
+  // Called by the last communicator handle going away; `closed` runs on
+  // the executor once every link is closed (its queued frames flushed).
+  void close(std::function<void()> closed = {}) {
+    asio::dispatch(
+        ex_, [net = net_, closed = std::move(closed)]() mutable { net->close(std::move(closed)); });
+  }
+
+  // Refuses, before the call takes a sequence number, an algorithm the
+  // operation does not have.
+  static void check_algorithm(std::string_view operation, algorithm a) {
+    if (auto why = tcp::refuse_algorithm(operation, a); !why.empty())
+      throw_error(errc::invalid_argument, {.operation = std::string(operation), .detail = why});
+  }
+
+  // Host memory, and CUDA tensors where the program includes dcomm/cuda.hpp:
+  // those are staged through page-locked host memory (Gloo's way for GPUs
+  // without NCCL's connectivity).
+  void check_tensor(const const_tensor_view& v, const char* operation) const {
+    if (v.device.type != device::kind::cpu && !detail::device_memory())
+      throw_error(errc::invalid_argument,
+                  {.operation = operation,
+                   .expected = "a tensor in host memory",
+                   .seen = "a CUDA tensor on device " + std::to_string(v.device.index),
+                   .detail = "the CPU backend takes CUDA tensors only where the program includes "
+                             "dcomm/cuda.hpp (Meson's dcomm_cuda); or use the nccl backend"});
+  }
+  // Groups share the mesh: nothing to set up.
+  void group_created(const std::shared_ptr<group_state>&, const std::shared_ptr<group_state>&, int,
+                     int) {}
+
+  // --- point to point ---
+  detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
+    if (staging_.sliced(in)) {
+      // One message; its data goes as the slices reach the host. It is
+      // announced before anything is awaited: a later send with the same
+      // tag must not overtake it.
+      tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+      tcp::io_item* message = nullptr;
+      co_await staging_.sliced_call(
+          c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index, "send",
+          [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
+          [&](const tcp::slice& s) -> detail::task<void> {
+            c.ready(*message, s.end);
+            co_return;
+          });
+      co_return;
+    }
+    if (tcp::staging::needed(in)) {
+      co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+    co_await c.run([&]() -> detail::task<void> {
+      c.send(peer, 0, in.data, in.bytes());
+      co_return;
+    });
+  }
+  detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
+    if (staging_.sliced(out)) {
+      // Each slice goes to the device as soon as it has arrived.
+      tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+      tcp::io_item* message = nullptr;
+      co_await staging_.sliced_call(
+          c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index, "recv",
+          [&](char* host, std::size_t slice_bytes) {
+            message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
+          },
+          [&](const tcp::slice& s) -> detail::task<void> {
+            co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
+          });
+      co_return;
+    }
+    if (tcp::staging::needed(out)) {
+      co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+    co_await c.run([&]() -> detail::task<void> {
+      c.recv(peer, 0, out.data, out.bytes());
+      co_return;
+    });
+  }
+
+  // --- collectives ---
+  // Each runs a CUDA tensor slice by slice where it can (send, recv,
+  // broadcast, reduce, all_reduce), else staged whole around the host form
+  // of itself (tcp/staging.hpp); the host form chooses its algorithm from
+  // tcp/tuning.hpp's table and runs it from tcp/algorithms/<op>.hpp.
+  detail::task<void> barrier(op_context ctx) {
+    const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
+    co_await c.run([&]() -> detail::task<void> {
+      if (arena)
+        co_await tcp::shm_barrier(c);
+      else
+        co_await tcp::dissemination_barrier(c);
+    });
+  }
+
+  // `staged`: the host copy of a CUDA tensor (never in the arena: its call
+  // starts late, out of the order the arena's calls keep).
+  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root, bool staged = false) {
+    const bool is_root = ctx.group->rank == root;
+    if (staging_.sliced(buf) && ctx.group->size() > 1) {
+      const tcp::slice_plan plan = staging_.plan(buf);
+      tcp::call c(
+          *net_, ctx, true,
+          sig(ctx, coll_op::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices),
+          "broadcast");
+      co_await staging_.sliced_call(c, ctx.deadline, plan, is_root ? buf.data : nullptr,
+                                    is_root ? nullptr : buf.data, buf.device.index, "broadcast",
+                                    tcp::staging::no_start,
+                                    [&](const tcp::slice& s) -> detail::task<void> {
+                                      co_await broadcast_on(c, s.host, s.bytes(), root);
+                                    });
+      co_return;
+    }
+    if (tcp::staging::needed(buf)) {
+      co_await staging_.whole({}, buf, {.initial = is_root},
+                              [&](auto, auto b) { return broadcast(ctx, b, root, true); });
+      co_return;
+    }
+    const bool arena = !staged && via_arena(ctx, coll_op::broadcast, "broadcast");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
+                "broadcast");
+    co_await c.run([&]() -> detail::task<void> {
+      if (arena)
+        co_await tcp::shm_broadcast(c, buf.data, buf.bytes(), root);
+      else if (c.size() > 1)
+        co_await broadcast_on(c, buf.data, buf.bytes(), root);
+    });
+  }
+
+  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
+                            int root) {
+    const bool in_place = in.data == out.data;
+    if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
+      const tcp::slice_plan plan = staging_.plan(in);
+      tcp::call c(*net_, ctx, true,
+                  sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op, plan.slices),
+                  "reduce");
+      // In place on a slice of the block: the result goes back to the
+      // root's output, and to a non-root's buffer only if it is also its
+      // input (which the host algorithm may have used).
+      const bool back = ctx.group->rank == root || in_place;
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index, "reduce",
+          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+            co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
+          });
+      co_return;
+    }
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
+                              [&](auto i, auto o) { return reduce(ctx, i, o, op, root); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op),
+                "reduce");
+    co_await c.run([&]() -> detail::task<void> {
+      co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
+    });
+  }
+
+  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
+                                bool staged = false) {
+    const bool in_place = in.data == out.data;
+    if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
+      const tcp::slice_plan plan = staging_.plan(out);
+      tcp::call c(*net_, ctx, true,
+                  sig(ctx, coll_op::all_reduce, false, out.type, out.count, -1, &op, plan.slices),
+                  "all_reduce");
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, in.data, out.data, out.device.index, "all_reduce",
+          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+            co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
+          });
+      co_return;
+    }
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.in_place = in_place},
+                              [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
+      co_return;
+    }
+    const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
+    tcp::call c(*net_, ctx, true,
+                sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
+    co_await c.run([&]() -> detail::task<void> {
+      if (arena)
+        co_await tcp::shm_all_reduce(c, in.data, out.data, out.count, size_of(out.type), op);
+      else
+        co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
+    });
+  }
+
+  // in: n blocks (root only); out: one block.
+  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return scatter(ctx, i, o, root); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
+                "scatter");
+    co_await c.run([&]() -> detail::task<void> {
+      choose(c, coll_op::scatter);
+      co_await tcp::direct_scatter(c, in.data, out.data, out.bytes(), root);
+    });
+  }
+
+  // in: one block; out: n blocks (root only).
+  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
+                              [&](auto i, auto o) { return gather(ctx, i, o, root); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
+                "gather");
+    co_await c.run([&]() -> detail::task<void> {
+      choose(c, coll_op::gather);
+      co_await tcp::direct_gather(c, in.data, out.data, in.bytes(), root);
+    });
+  }
+
+  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out,
+                                bool staged = false) {
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
+      co_return;
+    }
+    const bool arena = !staged && via_arena(ctx, coll_op::all_gather, "all_gather");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
+                "all_gather");
+    co_await c.run([&]() -> detail::task<void> {
+      const std::size_t es = size_of(in.type);
+      if (arena)
+        co_await tcp::shm_all_gather(c, in.data, out.data, in.bytes());
+      else if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
+        co_await tcp::direct_all_gather(c, in.data, out.data, in.count, es);
+      else
+        co_await tcp::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
+    });
+  }
+
+  // in: n blocks; out: one block (may be in's block r).
+  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
+                                    reducer op) {
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {},
+                              [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
+      co_return;
+    }
+    tcp::call c(*net_, ctx, true,
+                sig(ctx, coll_op::reduce_scatter, false, out.type, out.count, -1, &op),
+                "reduce_scatter");
+    co_await c.run([&]() -> detail::task<void> {
+      const std::size_t es = size_of(out.type);
+      if (choose(c, coll_op::reduce_scatter, {.bytes = in.bytes()}) == algorithm::direct)
+        co_await tcp::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
+      else
+        co_await tcp::ring_reduce_scatter(c, in.data, out.data, out.count, es, op, o_.chunk_bytes);
+    });
+  }
+
+  // in, out: n blocks each; they do not overlap (the in-place form, in ==
+  // out, stages them apart; the communicator copies host tensors apart).
+  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+    if (tcp::staging::needed(in, out)) {
+      co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
+      co_return;
+    }
+    const std::size_t n = static_cast<std::size_t>(ctx.group->size());
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
+                "all_to_all");
+    co_await c.run([&]() -> detail::task<void> {
+      choose(c, coll_op::all_to_all);
+      co_await tcp::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
+    });
+  }
+
+  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
+                                                      output_allocator alloc) {
+    if (tcp::staging::needed(in))
+      co_return co_await staging_.whole(
+          in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
+                "all_gather_v");
+    std::vector<std::size_t> counts;
+    co_await c.run([&]() -> detail::task<void> {
+      choose(c, coll_op::all_gather_v);
+      counts = co_await tcp::direct_all_gather_v(c, in, alloc);
+    });
+    co_return counts;
+  }
+
+  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
+                                                      std::vector<std::size_t> send_counts,
+                                                      output_allocator alloc) {
+    if (tcp::staging::needed(in))
+      co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
+        return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
+      });
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, false, in.type, 0),
+                "all_to_all_v");
+    std::vector<std::size_t> counts;
+    co_await c.run([&]() -> detail::task<void> {
+      choose(c, coll_op::all_to_all_v);
+      counts = co_await tcp::direct_all_to_all_v(c, in, send_counts, alloc);
+    });
+    co_return counts;
+  }
+
+  const options& settings() const { return o_; }
+
+ private:
+  using coll_op = tcp::coll_op;
+
+  cpu_backend(asio::any_io_executor ex, std::shared_ptr<tcp::transport> net, options o,
+              std::map<coll_op, algorithm> overrides)
+      : ex_(std::move(ex)),
+        net_(std::move(net)),
+        o_(std::move(o)),
+        overrides_(std::move(overrides)),
+        staging_(ex_, o_.staging_slice, net_->rank()) {}
+
+  static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
+    return {.op = coll_op::p2p, .type = t, .count = count};
+  }
+  // `arena`: the call runs in the host's arena; `slices`: of a CUDA tensor
+  // staged slice by slice (0: not sliced).
+  tcp::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
+                          std::size_t count = 0, int root = -1, const reducer* r = nullptr,
+                          std::size_t slices = 0) const {
+    return {.op = op,
+            .type = t,
+            .reduce = r ? r->kind : reduce_kind::sum,
+            .has_reduce = static_cast<std::uint8_t>(r ? 1 : 0),
+            .root = root,
+            .count = count,
+            .slices = static_cast<std::uint32_t>(slices),
+            .algo = tcp::requested(op, ctx.algorithm, overrides_),
+            .confirmed =
+                static_cast<std::uint8_t>(o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0),
+            .arena = static_cast<std::uint8_t>(arena ? 1 : 0)};
+  }
+
+  // Whether the call runs in the host's arena: the op has a shared memory
+  // algorithm, the call asks for it or for none (op_options or DCOMM_ALGO),
+  // and the group's ranks all share this host's arena (the world group
+  // where every rank is here); asked for elsewhere, it is refused on every
+  // rank alike. Whatever the size: measured faster than the links at every
+  // size (docs/communicator.md).
+  bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
+    if (!tcp::algorithms_of(op).shared_memory) return false;
+    const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
+    if (asked == algorithm::automatic) return net_->arena_serves(*ctx.group);
+    if (asked != algorithm::shared_memory) return false;
+    if (net_->arena_serves(*ctx.group)) return true;
+    throw_error(errc::invalid_argument,
+                {.operation = operation,
+                 .rank = rank(),
+                 .detail = "algorithm shared_memory needs a group whose ranks all share this "
+                           "host's arena: the world group, every rank on one host, links not "
+                           "set to tcp"});
+  }
+
+  // The algorithm this call runs (tcp::choose: the one its signature asks
+  // for, else the table's by `size`). One the op does not have fails the
+  // call; the front end refused it before, by the operation's name.
+  algorithm choose(tcp::call& c, coll_op op, tcp::call_size size = {}) const {
+    const algorithm asked = c.signature().algo;
+    const bool across_hosts = tcp::algorithms_of(op).hierarchical && c.hosts().spans();
+    if (auto a = tcp::choose(op, asked, size, c.size(), o_, across_hosts)) return *a;
+    c.invalid(tcp::refuse_algorithm(tcp::name(op), asked));
+  }
+  // The host algorithms of the element-wise collectives, on whole buffers
+  // or on one slice of a staged CUDA tensor.
+  detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes, int root) {
+    if (choose(c, coll_op::broadcast, {.bytes = bytes}) == algorithm::binomial_tree)
+      co_await tcp::binomial_broadcast(c, data, bytes, root);
+    else
+      co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
+  }
+  detail::task<void> reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
+                               dtype type, const reducer& op, int root) {
+    const std::size_t es = size_of(type);
+    if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
+        algorithm::binomial_tree)
+      co_await tcp::binomial_reduce(c, in, out, count, es, op, root);
+    else
+      co_await tcp::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
+  }
+  detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
+                                   dtype type, const reducer& op) {
+    const std::size_t es = size_of(type);
+    const bool in_place = in == out;
+    const algorithm a = choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count});
+    if (a == algorithm::hierarchical) {
+      co_await tcp::hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op,
+                                            tcp::hierarchy_tuning_of(o_));
+    } else if (a == algorithm::recursive_doubling) {
+      if (!in_place && count) std::memcpy(out, in, count * es);
+      co_await tcp::recursive_doubling_all_reduce(c, out, count, es, op);
+    } else {
+      co_await tcp::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op, o_.chunk_bytes);
+    }
+  }
+
+  asio::any_io_executor ex_;
+  std::shared_ptr<tcp::transport> net_;
+  options o_;
+  std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
+  tcp::staging staging_;                    // of CUDA tensors
+};
+
+static_assert(backend<cpu_backend>);
+
+}  // namespace dcomm
