@@ -2,7 +2,7 @@
 # dcomm's setup script: installs what is missing (Debian 12), builds, runs.
 #
 #   ./setup.sh demo    build and run the demo: 4 ranks train on Fashion-MNIST (synchronous SGD)
-#   ./setup.sh test    build with g++ and clang++ (-Werror) and with ASan+UBSan,
+#   ./setup.sh test    build with g++ and clang++ (-Werror), with ASan+UBSan and TSan,
 #                      run every test, print 'N passed, N failed, N skipped'
 #   ./setup.sh deps    only install the packages
 set -euo pipefail
@@ -54,29 +54,37 @@ run_tests() {
   local jobs
   jobs=$(nproc)
   local logs=() status=0
-  # name, compiler, options: g++ checks every header alone and builds the
-  # libtorch interop; clang builds without OpenSSL (the refusal of a token
-  # is tested there); the sanitizer build runs everything under ASan+UBSan.
-  # libtorch is built with g++ and not instrumented: the g++ build alone
-  # compiles against it (its headers cost a minute per translation unit).
+  # name, compiler, options, targets, tests: g++ checks every header alone
+  # and builds the libtorch interop; clang builds without OpenSSL (the
+  # refusal of a token is tested there); the sanitizer build runs everything
+  # under ASan+UBSan; TSan runs the suites where ranks of one process share
+  # memory (the lock-free rings and the arena; the rest of the backend is one
+  # strand per rank). libtorch is
+  # built with g++ and not instrumented: the g++ build alone compiles
+  # against it (its headers cost a minute per translation unit).
   local builds=(
-    "gcc|g++|-Dwerror=true -Dbuildtype=debug"
-    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled"
-    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled"
+    "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
+    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled||"
+    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
+    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups"
   )
   for b in "${builds[@]}"; do
-    IFS='|' read -r name compiler options <<<"$b"
+    IFS='|' read -r name compiler options targets tests <<<"$b"
     local dir="build/$name"
-    echo "== $name: $compiler $options"
+    echo "== $name: $compiler $options${tests:+ (tests: $tests)}"
     # shellcheck disable=SC2086
     configure "$dir" "$compiler" $options
-    ninja -C "$dir" -j "$jobs" >"$dir.log" 2>&1 || { cat "$dir.log"; echo "build $name failed"; return 1; }
+    # shellcheck disable=SC2086
+    ninja -C "$dir" -j "$jobs" $targets >"$dir.log" 2>&1 || { cat "$dir.log"; echo "build $name failed"; return 1; }
     local multiplier=1
-    [ "$name" = sanitize ] && multiplier=3
+    [ "$name" = sanitize ] || [ "$name" = tsan ] && multiplier=3
+    local selected=()
+    [ -n "$tests" ] && IFS=',' read -r -a selected <<<"$tests"
     # protect_shadow_gap=0: on a GPU machine the CUDA driver maps memory
     # where ASan would otherwise reserve its shadow gap, and fails to start.
     ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      meson test -C "$dir" --print-errorlogs --num-processes "$jobs" -t "$multiplier" || true
+      TSAN_OPTIONS="halt_on_error=1:suppressions=$PWD/tests/tsan.supp" \
+      meson test -C "$dir" --print-errorlogs --num-processes "$jobs" -t "$multiplier" "${selected[@]}" || true
     [ -f "$dir/meson-logs/testlog.json" ] && logs+=("$dir/meson-logs/testlog.json")
     if grep -q '"result": "\(FAIL\|TIMEOUT\|ERROR\|UNEXPECTEDPASS\)"' "$dir/meson-logs/testlog.json"; then status=1; fi
   done
