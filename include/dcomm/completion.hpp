@@ -235,11 +235,12 @@ auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const 
     return asio::async_initiate<Token, typename task_completion<T>::type>(
         [ex](auto handler, task<T> t) {
           using handler_type = decltype(handler);
+          // Both completers post the end: it never runs inside the caller.
           if constexpr (has_io_executor_v<handler_type>)
-            start(ex, std::move(t), task_completer<T, handler_type>(std::move(handler), ex));
+            start_now(ex, std::move(t), task_completer<T, handler_type>(std::move(handler), ex));
           else
-            start(ex, std::move(t),
-                  foreign_task_completer<T, handler_type>(std::move(handler), ex));
+            start_now(ex, std::move(t),
+                      foreign_task_completer<T, handler_type>(std::move(handler), ex));
         },
         token, std::move(op));
   }

@@ -295,6 +295,40 @@ TEST_SUITE("completion tokens") {
         o);
   }
 
+  // An operation called from the backend's own io_context starts inside
+  // the call (detail::start_now), but its handler never runs there, even
+  // where the operation has nothing to wait for (Asio's rule: a handler is
+  // not invoked from inside its initiating function).
+  TEST_CASE("a callback never runs inside the call, though the operation starts there") {
+    DCOMM_TEST_DEADLINE(60s);
+    for (int world : {1, 2}) {
+      dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+      dcomm::run_thread_world<dcomm::cpu_backend>(
+          world,
+          [](comm& c) -> asio::awaitable<void> {
+            for (int i = 0; i < 200; ++i) {
+              bool ran = false, refused = false;
+              std::exception_ptr failure;
+              c.barrier([&](std::exception_ptr e) { ran = true, failure = e; });
+              require(!ran, "a barrier's callback ran inside the call");
+              std::vector<float> v{1.0f};
+              // Refused before any byte (a root out of range): completes at
+              // once, still not inside the call.
+              c.broadcast(v, 7, [&](std::exception_ptr e) { refused = e != nullptr; });
+              require(!refused, "a refusal's callback ran inside the call");
+              // Both come, in order, once this coroutine yields.
+              while (!ran || !refused) {
+                asio::steady_timer t(co_await asio::this_coro::executor,
+                                     std::chrono::microseconds(1));
+                co_await t.async_wait(asio::use_awaitable);
+              }
+              require(failure == nullptr, "the barrier failed");
+            }
+          },
+          o);
+    }
+  }
+
   TEST_CASE("a request's async_wait takes every token; as_request failures reach wait()") {
     DCOMM_TEST_DEADLINE(60s);
     run_world(way::default_token, [](comm& c, way) -> asio::awaitable<void> {
