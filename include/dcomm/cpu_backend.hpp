@@ -214,6 +214,8 @@ class cpu_backend {
     co_await c.run([&]() -> detail::task<void> {
       if (arena)
         co_await tcp::shm_barrier(c);
+      else if (choose(c, coll_op::barrier) == algorithm::hierarchical)
+        co_await tcp::hierarchical_barrier(c, c.hosts());
       else
         co_await tcp::dissemination_barrier(c);
     });
@@ -500,7 +502,11 @@ class cpu_backend {
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
   detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes, int root) {
-    if (choose(c, coll_op::broadcast, {.bytes = bytes}) == algorithm::binomial_tree)
+    const algorithm a = choose(c, coll_op::broadcast, {.bytes = bytes});
+    if (a == algorithm::hierarchical)
+      co_await tcp::hierarchical_broadcast(c, c.hosts(), data, bytes, root,
+                                           tcp::hierarchy_tuning_of(o_));
+    else if (a == algorithm::binomial_tree)
       co_await tcp::binomial_broadcast(c, data, bytes, root);
     else
       co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);

@@ -266,6 +266,69 @@ TEST_SUITE("shared memory") {
     }
   }
 
+  TEST_CASE("across hosts broadcast and barrier go through each host's leader") {
+    DCOMM_TEST_DEADLINE(120s);
+    // World 6 as 3 hosts of 2 ({0,1}, {2,3}, {4,5}). A 1 MiB broadcast from
+    // rank 1 (not its host's leader), automatic (hierarchical) and forced
+    // flat (binomial tree: 5 of its 5 messages cross a host's edge), then a
+    // barrier: the bytes each rank wrote to ranks on other hosts.
+    constexpr int world = 6, root = 1;
+    constexpr std::size_t count = 256 * 1024;
+    constexpr std::uint64_t bytes = count * sizeof(float);
+    auto host = [](int r) { return r / 2; };
+    std::vector<std::uint64_t> automatic(world), flat(world), barrier(world);
+    DCOMM_REQUIRE_WORLD(
+        world,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          auto across = [&] {
+            std::uint64_t sum = 0;
+            for (int p = 0; p < world; ++p)
+              if (host(p) != host(r)) sum += c.backend().bytes_sent_to(p);
+            return sum;
+          };
+          for (auto a : {dcomm::algorithm::automatic, dcomm::algorithm::binomial_tree}) {
+            std::vector<float> v(count, -1.0f);
+            if (r == root)
+              for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(i % 1000);
+            const std::uint64_t before = across();
+            co_await c.broadcast(v, root, {.algorithm = a});
+            (a == dcomm::algorithm::automatic ? automatic : flat)[static_cast<std::size_t>(r)] =
+                across() - before;
+            for (std::size_t i = 0; i < count; i += 991)
+              dcomm::test::require(v[i] == static_cast<float>(i % 1000),
+                                   "element " + std::to_string(i) + " is " + std::to_string(v[i]));
+          }
+          const std::uint64_t before = across();
+          co_await c.barrier();
+          barrier[static_cast<std::size_t>(r)] = across() - before;
+        },
+        30s,
+        [&](int r) {
+          dcomm::cpu_backend::options o;
+          o.host_id = "box-" + std::to_string(host(r));
+          return o;
+        });
+    std::uint64_t total_automatic = 0, total_flat = 0;
+    for (int r = 0; r < world; ++r) {
+      total_automatic += automatic[static_cast<std::size_t>(r)];
+      total_flat += flat[static_cast<std::size_t>(r)];
+    }
+    CAPTURE(total_automatic);
+    CAPTURE(total_flat);
+    // Through the leaders: the buffer crosses into each other host once (a
+    // chain among the leaders, 1 MiB being large: rank 0, the root's
+    // leader, sends it to rank 2, rank 2 to rank 4); the rest is the
+    // confirmation's headers.
+    CHECK(automatic[0] >= bytes);
+    CHECK(automatic[2] >= bytes);
+    CHECK(static_cast<double>(total_automatic) <= 2 * bytes * 1.01);
+    CHECK(total_flat >= 5 * bytes);
+    for (int r : {1, 3, 4, 5}) CHECK(automatic[static_cast<std::size_t>(r)] < 4096);
+    // The barrier: only the leaders (0, 2, 4) talk between hosts.
+    for (int r : {1, 3, 5}) CHECK(barrier[static_cast<std::size_t>(r)] == 0);
+    for (int r : {0, 2, 4}) CHECK(barrier[static_cast<std::size_t>(r)] > 0);
+  }
+
   TEST_CASE("segments are unmapped when the communicators go; none is ever a file") {
     DCOMM_TEST_DEADLINE(60s);
     const auto before = files_in("/dev/shm");

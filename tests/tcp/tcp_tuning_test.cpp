@@ -191,7 +191,7 @@ TEST_SUITE("tcp tuning") {
     }
   }
 
-  TEST_CASE("across hosts all_reduce goes through the hosts, unless a call asks otherwise") {
+  TEST_CASE("across hosts all_reduce, broadcast and barrier go through the hosts, unless asked") {
     const dcomm::cpu_backend::options o;
     auto across = [&](std::size_t bytes, algorithm asked = algorithm::automatic) {
       return dcomm::tcp::choose(coll_op::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4, o,
@@ -203,13 +203,23 @@ TEST_SUITE("tcp tuning") {
     CHECK(across(4, algorithm::recursive_doubling) == algorithm::recursive_doubling);
     CHECK(pick(coll_op::all_reduce, 4, 4, algorithm::hierarchical) == algorithm::hierarchical);
     CHECK(pick(coll_op::all_reduce, 4) == algorithm::recursive_doubling);  // one host
-    // Only all_reduce has one.
-    CHECK(dcomm::tcp::choose(coll_op::broadcast, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
-          algorithm::binomial_tree);
-    CHECK(pick(coll_op::broadcast, 4, 4, algorithm::hierarchical) == std::nullopt);
+    // So do broadcast and barrier; the others stay flat.
+    for (auto op : {coll_op::broadcast, coll_op::barrier}) {
+      CAPTURE(dcomm::tcp::name(op));
+      CHECK(dcomm::tcp::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
+            algorithm::hierarchical);
+      CHECK(dcomm::tcp::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, false) !=
+            algorithm::hierarchical);
+      CHECK(dcomm::tcp::refuse_algorithm(dcomm::tcp::name(op), algorithm::hierarchical).empty());
+    }
+    CHECK(dcomm::tcp::choose(coll_op::broadcast, algorithm::chain, {.bytes = 4}, 4, o, true) ==
+          algorithm::chain);
+    CHECK(dcomm::tcp::choose(coll_op::all_gather, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
+          algorithm::direct);
+    CHECK(pick(coll_op::reduce, 4, 4, algorithm::hierarchical) == std::nullopt);
     CHECK(dcomm::tcp::refuse_algorithm("all_reduce", algorithm::hierarchical).empty());
-    CHECK(refusal_of("all_reduce=hierarchical").empty());
-    CHECK(contains(refusal_of("broadcast=hierarchical"), "(it has binomial_tree and chain)"));
+    CHECK(refusal_of("all_reduce=hierarchical,broadcast=hierarchical").empty());
+    CHECK(contains(refusal_of("reduce=hierarchical"), "(it has binomial_tree and chain)"));
   }
 
   TEST_CASE("host layout: hosts in order of their lowest rank, stripes where hosts are even") {
@@ -228,6 +238,7 @@ TEST_SUITE("tcp tuning") {
     CHECK(h.host_rank == 1);
     CHECK(h.uniform);
     CHECK(h.peers == std::vector<int>{2, 3});
+    CHECK(h.host_index == std::vector<int>{0, 1, 0, 1, 0, 1});
     // A group of global ranks 5, 4, 1 (group ranks 0, 1, 2): 5 and 1 share a host.
     dcomm::group_state sub;
     sub.ranks = {5, 4, 1};

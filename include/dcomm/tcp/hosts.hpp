@@ -26,6 +26,8 @@ struct host_layout {
   // Each host's lowest group rank (its leader), and this rank's host's index.
   std::vector<int> leaders;
   int host_rank = 0;
+  // Each group rank's host's index.
+  std::vector<int> host_index;
   // Every host holds as many of the group's ranks; then `peers` holds, per
   // host, the rank whose local index is this rank's (the stripe it works in).
   bool uniform = false;
@@ -58,6 +60,7 @@ inline host_layout make_host_layout(const group_state& g, const std::vector<int>
     }
     if (r == g.rank) mine = static_cast<int>(k);
     members[k].push_back(r);
+    h.host_index.push_back(static_cast<int>(k));
   }
   h.hosts = static_cast<int>(members.size());
   h.host_rank = mine;

@@ -52,12 +52,14 @@ struct algorithm_choice {
 };
 // Rows: op, small algorithm, large algorithm, the option that holds the size
 // limit, whether the large one needs an element per rank, whether it has a
-// shared memory algorithm, whether it has a hierarchical one. Barrier has one message algorithm
-// (dissemination) and nothing to choose; reduce shares broadcast's limit.
+// shared memory algorithm, whether it has a hierarchical one. Barrier has one
+// message algorithm (dissemination) and no size to choose by; reduce shares
+// broadcast's limit.
 inline constexpr algorithm_choice algorithm_table[] = {
-    {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none, false, true},
+    {coll_op::barrier, algorithm::automatic, algorithm::automatic, size_limit::none, false, true,
+     true},
     {coll_op::broadcast, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast,
-     false, true},
+     false, true, true},
     {coll_op::reduce, algorithm::binomial_tree, algorithm::chain, size_limit::small_broadcast},
     {coll_op::all_reduce, algorithm::recursive_doubling, algorithm::ring,
      size_limit::small_all_reduce, true, true, true},

@@ -11,16 +11,24 @@
 //   hierarchical_all_reduce, otherwise: reduce to each host's leader (its
 //     lowest rank); all_reduce among the leaders; broadcast from the leader
 //     inside the host.
+//   hierarchical_broadcast: from the root inside its host; from its host's
+//     leader among the leaders; from each other leader inside its host.
+//     The buffer crosses each host's edge once, whatever the root.
+//   hierarchical_barrier: each host's ranks report to their leader; the
+//     leaders run the dissemination barrier; each leader releases its
+//     host. Messages between hosts: the leaders' log2(hosts) rounds.
 // The phases combine without finishing (avg's division, premul_sum's
 // scaling); the result is finished once, with the group's size.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/tcp/algorithms/all_reduce.hpp"
+#include "dcomm/tcp/algorithms/barrier.hpp"
 #include "dcomm/tcp/algorithms/broadcast.hpp"
 #include "dcomm/tcp/algorithms/reduce.hpp"
 #include "dcomm/tcp/algorithms/ring.hpp"
@@ -130,6 +138,57 @@ inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h,
   else
     co_await chain_broadcast(c, out, bytes, 0, t.chunk_bytes);
   co_await c.wait_all();
+}
+
+// Among the view's ranks, by size as the flat broadcast chooses.
+inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes, int root,
+                                         const hierarchy_tuning& t) {
+  if (c.size() <= 1) co_return;
+  if (bytes <= t.small_broadcast)
+    co_await binomial_broadcast(c, buf, bytes, root);
+  else
+    co_await chain_broadcast(c, buf, bytes, root, t.chunk_bytes);
+}
+
+inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
+                                                 std::size_t bytes, int root,
+                                                 const hierarchy_tuning& t) {
+  const int root_host = h.host_index[static_cast<std::size_t>(root)];
+  const bool roots_host = root_host == h.host_rank;
+  if (roots_host) {
+    const auto at = std::find(h.local.begin(), h.local.end(), root);
+    phase_view inside(c, h.local, h.local_rank, 0);
+    co_await flat_broadcast(c, buf, bytes, static_cast<int>(at - h.local.begin()), t);
+  }
+  if (h.local_rank == 0) {
+    phase_view across(c, h.leaders, h.host_rank, 1);
+    co_await flat_broadcast(c, buf, bytes, root_host, t);
+  }
+  if (!roots_host) {
+    phase_view inside(c, h.local, h.local_rank, 2);
+    co_await flat_broadcast(c, buf, bytes, 0, t);
+  }
+}
+
+inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
+  const int local = static_cast<int>(h.local.size());
+  const bool leader = h.local_rank == 0;
+  {
+    phase_view inside(c, h.local, h.local_rank, 0);
+    if (!leader)
+      c.send(0, 0, nullptr, 0);
+    else
+      for (int p = 1; p < local; ++p) co_await c.wait(c.recv(p, 0, nullptr, 0));
+  }
+  if (leader) {
+    phase_view across(c, h.leaders, h.host_rank, 1);
+    co_await dissemination_barrier(c);
+  }
+  phase_view inside(c, h.local, h.local_rank, 2);
+  if (leader)
+    for (int p = 1; p < local; ++p) c.send(p, 0, nullptr, 0);
+  else
+    co_await c.wait(c.recv(0, 0, nullptr, 0));
 }
 
 }  // namespace dcomm::tcp
