@@ -239,6 +239,14 @@ TEST_SUITE("tcp tuning") {
     CHECK(h.uniform);
     CHECK(h.peers == std::vector<int>{2, 3});
     CHECK(h.host_index == std::vector<int>{0, 1, 0, 1, 0, 1});
+    CHECK(h.local_index == std::vector<int>{0, 0, 1, 1, 2, 2});
+    // A large broadcast's chain from rank 3 (host 1's second): 3 -> 5 -> 1,
+    // then host 0: 0 -> 2 -> 4. Each rank's (prev, next).
+    const std::vector<std::pair<int, int>> chain{{1, 2}, {5, 0}, {0, 4}, {-1, 5}, {2, -1}, {3, 1}};
+    for (int r = 0; r < 6; ++r) {
+      CAPTURE(r);
+      CHECK(dcomm::tcp::host_chain_neighbours(h, 3, r) == chain[static_cast<std::size_t>(r)]);
+    }
     // A group of global ranks 5, 4, 1 (group ranks 0, 1, 2): 5 and 1 share a host.
     dcomm::group_state sub;
     sub.ranks = {5, 4, 1};

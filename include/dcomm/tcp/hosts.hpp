@@ -26,8 +26,11 @@ struct host_layout {
   // Each host's lowest group rank (its leader), and this rank's host's index.
   std::vector<int> leaders;
   int host_rank = 0;
-  // Each group rank's host's index.
+  // Each host's group ranks; each group rank's host's index and its index
+  // among its host's ranks.
+  std::vector<std::vector<int>> members;
   std::vector<int> host_index;
+  std::vector<int> local_index;
   // Every host holds as many of the group's ranks; then `peers` holds, per
   // host, the rank whose local index is this rank's (the stripe it works in).
   bool uniform = false;
@@ -59,8 +62,9 @@ inline host_layout make_host_layout(const group_state& g, const std::vector<int>
       members.emplace_back();
     }
     if (r == g.rank) mine = static_cast<int>(k);
-    members[k].push_back(r);
     h.host_index.push_back(static_cast<int>(k));
+    h.local_index.push_back(static_cast<int>(members[k].size()));
+    members[k].push_back(r);
   }
   h.hosts = static_cast<int>(members.size());
   h.host_rank = mine;
@@ -74,6 +78,7 @@ inline host_layout make_host_layout(const group_state& g, const std::vector<int>
   }
   if (h.uniform)
     for (const auto& m : members) h.peers.push_back(m[static_cast<std::size_t>(h.local_rank)]);
+  h.members = std::move(members);
   return h;
 }
 

@@ -11,9 +11,12 @@
 //   hierarchical_all_reduce, otherwise: reduce to each host's leader (its
 //     lowest rank); all_reduce among the leaders; broadcast from the leader
 //     inside the host.
-//   hierarchical_broadcast: from the root inside its host; from its host's
-//     leader among the leaders; from each other leader inside its host.
-//     The buffer crosses each host's edge once, whatever the root.
+//   hierarchical_broadcast, small messages: from the root inside its host
+//     (binomial tree); from its host's leader among the leaders; from each
+//     other leader inside its host. Large ones: one pipelined chain that
+//     goes through the root's host (from the root on), then through each
+//     following host in turn. Either way the buffer enters each other host
+//     once, whatever the root.
 //   hierarchical_barrier: each host's ranks report to their leader; the
 //     leaders run the dissemination barrier; each leader releases its
 //     host. Messages between hosts: the leaders' log2(hosts) rounds.
@@ -25,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/tcp/algorithms/all_reduce.hpp"
@@ -150,9 +154,47 @@ inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes, 
     co_await chain_broadcast(c, buf, bytes, root, t.chunk_bytes);
 }
 
+// This rank's neighbours in the chain through the hosts from `root`
+// (group ranks; -1: none): the root's host's ranks from the root on,
+// wrapping around, then each following host's ranks in order.
+inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root, int rank) {
+  const int hosts = h.hosts, root_host = h.host_index[static_cast<std::size_t>(root)];
+  const int root_local = h.local_index[static_cast<std::size_t>(root)];
+  // The rank at position s of host k's part of the chain.
+  auto at = [&](int k, int s) {
+    const auto& m = h.members[static_cast<std::size_t>(k)];
+    const int size = static_cast<int>(m.size());
+    return m[static_cast<std::size_t>(k == root_host ? mod(s + root_local, size) : s)];
+  };
+  auto size_of = [&](int k) {
+    return static_cast<int>(h.members[static_cast<std::size_t>(k)].size());
+  };
+  const int k = h.host_index[static_cast<std::size_t>(rank)];
+  const int local = h.local_index[static_cast<std::size_t>(rank)];
+  const int s = k == root_host ? mod(local - root_local, size_of(k)) : local;
+  int prev = -1, next = -1;
+  if (s > 0) {
+    prev = at(k, s - 1);
+  } else if (k != root_host) {
+    const int before = mod(k - 1, hosts);
+    prev = at(before, size_of(before) - 1);
+  }
+  if (s + 1 < size_of(k)) {
+    next = at(k, s + 1);
+  } else if (const int after = mod(k + 1, hosts); after != root_host) {
+    next = at(after, 0);
+  }
+  return {prev, next};
+}
+
 inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
                                                  std::size_t bytes, int root,
                                                  const hierarchy_tuning& t) {
+  if (bytes > t.small_broadcast) {
+    const auto [prev, next] = host_chain_neighbours(h, root, c.rank());
+    co_await chain_relay(c, buf, bytes, prev, next, t.chunk_bytes);
+    co_return;
+  }
   const int root_host = h.host_index[static_cast<std::size_t>(root)];
   const bool roots_host = root_host == h.host_rank;
   if (roots_host) {
