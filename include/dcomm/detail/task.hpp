@@ -355,17 +355,29 @@ void with_pooled_handler(const asio::any_io_executor& ex, Handler h, Start start
     start(asio::bind_allocator(pool_allocator<void>{}, std::move(h)));
 }
 
+namespace task_detail {
+enum class start_mode { posted, at_once };
+
+template <start_mode Mode, class T, class F>
+void start_on(const asio::any_io_executor& executor, task<T> t, F done) {
+  auto d = run_to_end(std::move(t), std::move(done));
+  auto handler = asio::bind_allocator(pool_allocator<void>{}, starter(d.h));
+  auto* strand = executor_target<io_strand>(executor);
+  if (strand && Mode == start_mode::at_once)
+    asio::dispatch(*strand, std::move(handler));
+  else if (strand)
+    asio::post(*strand, std::move(handler));
+  else
+    asio::post(executor, std::move(handler));
+}
+}  // namespace task_detail
+
 // Runs t on `executor` (posted: it starts after what was posted before)
 // and calls done(exception_ptr) or done(exception_ptr, optional<T>) there
 // when it ends.
 template <class T, class F>
 void start(const asio::any_io_executor& executor, task<T> t, F done) {
-  auto d = task_detail::run_to_end(std::move(t), std::move(done));
-  auto handler = asio::bind_allocator(pool_allocator<void>{}, task_detail::starter(d.h));
-  if (auto* strand = executor_target<io_strand>(executor))
-    asio::post(*strand, std::move(handler));
-  else
-    asio::post(executor, std::move(handler));
+  task_detail::start_on<task_detail::start_mode::posted>(executor, std::move(t), std::move(done));
 }
 
 // The same, but started at once, inside the caller, where the caller runs
@@ -377,12 +389,7 @@ void start(const asio::any_io_executor& executor, task<T> t, F done) {
 // posted (done must never run inside the caller).
 template <class T, class F>
 void start_now(const asio::any_io_executor& executor, task<T> t, F done) {
-  auto d = task_detail::run_to_end(std::move(t), std::move(done));
-  auto handler = asio::bind_allocator(pool_allocator<void>{}, task_detail::starter(d.h));
-  if (auto* strand = executor_target<io_strand>(executor))
-    asio::dispatch(*strand, std::move(handler));
-  else
-    asio::post(executor, std::move(handler));
+  task_detail::start_on<task_detail::start_mode::at_once>(executor, std::move(t), std::move(done));
 }
 
 // Runs f through `ex`, never inside the caller (post), with its memory from
