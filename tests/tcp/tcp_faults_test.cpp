@@ -215,7 +215,7 @@ TEST_SUITE("tcp faults") {
         auto [ring, why] = co_await failure_of([&] {
           return c.broadcast(v, 0, dcomm::op_options{.algorithm = dcomm::algorithm::ring});
         });
-        require(ring == dcomm::errc::invalid_argument && contains(why, "binomial_tree and chain") &&
+        require(ring == dcomm::errc::invalid_argument && contains(why, "binomial_tree, chain") &&
                     !contains(why, "call #"),
                 "broadcast with ring: " + why);
         auto [stream, why2] = co_await failure_of([&] {

@@ -170,16 +170,19 @@ TEST_SUITE("tcp tuning") {
     CHECK(refuse_algorithm("send", algorithm::automatic).empty());
     const auto broadcast_ring = refuse_algorithm("broadcast", algorithm::ring);
     CHECK(contains(broadcast_ring, "algorithm ring is not available for broadcast"));
-    CHECK(contains(broadcast_ring, "(it has binomial_tree and chain)"));
+    CHECK(
+        contains(broadcast_ring, "(it has binomial_tree, chain, shared_memory and hierarchical)"));
     CHECK(contains(refuse_algorithm("scatter", algorithm::ring), "(it has direct)"));
-    CHECK(contains(refuse_algorithm("barrier", algorithm::direct), "it has one algorithm"));
+    CHECK(contains(refuse_algorithm("barrier", algorithm::direct),
+                   "(it has one message algorithm: leave it automatic; or shared_memory and "
+                   "hierarchical)"));
     CHECK(contains(refuse_algorithm("send", algorithm::ring), "it has no algorithm to choose"));
 
     CHECK(refusal_of("all_reduce=ring,broadcast=binomial_tree").empty());
     CHECK(contains(refusal_of("all_reduce"), "'all_reduce' has no '='"));
     CHECK(contains(refusal_of("all_reduce=fastest"), "unknown algorithm 'fastest'"));
     CHECK(contains(refusal_of("allreduce=ring"), "unknown operation 'allreduce'"));
-    CHECK(contains(refusal_of("broadcast=ring"), "(it has binomial_tree and chain)"));
+    CHECK(contains(refusal_of("broadcast=ring"), "(it has binomial_tree, chain, shared_memory"));
   }
 
   TEST_CASE("the table has one row per collective, found by its op") {
@@ -220,6 +223,8 @@ TEST_SUITE("tcp tuning") {
     CHECK(dcomm::tcp::refuse_algorithm("all_reduce", algorithm::hierarchical).empty());
     CHECK(refusal_of("all_reduce=hierarchical,broadcast=hierarchical").empty());
     CHECK(contains(refusal_of("reduce=hierarchical"), "(it has binomial_tree and chain)"));
+    CHECK(contains(refusal_of("all_reduce=chain"),
+                   "(it has recursive_doubling, ring, shared_memory and hierarchical)"));
   }
 
   TEST_CASE("host layout: hosts in order of their lowest rank, stripes where hosts are even") {

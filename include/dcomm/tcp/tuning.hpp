@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dcomm/backend.hpp"
 #include "dcomm/error.hpp"
@@ -107,12 +108,19 @@ inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
     if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory) ||
         (a == algorithm::hierarchical && c.hierarchical))
       return {};
+    // Every algorithm it has, named as a call asks for it.
+    std::vector<std::string> has;
+    if (c.small != algorithm::automatic) has.emplace_back(dcomm::name(c.small));
+    if (c.large != c.small) has.emplace_back(dcomm::name(c.large));
+    if (c.shared_memory) has.emplace_back(dcomm::name(algorithm::shared_memory));
+    if (c.hierarchical) has.emplace_back(dcomm::name(algorithm::hierarchical));
+    std::string list;
+    for (std::size_t i = 0; i < has.size(); ++i)
+      list += (i == 0 ? "" : i + 1 == has.size() ? " and " : ", ") + has[i];
     if (c.small == algorithm::automatic)
-      return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-             std::string(operation) + " (it has one algorithm: leave it automatic)";
+      list = "one message algorithm: leave it automatic" + (list.empty() ? "" : "; or " + list);
     return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-           std::string(operation) + " (it has " + std::string(dcomm::name(c.small)) +
-           (c.large == c.small ? std::string() : " and " + std::string(dcomm::name(c.large))) + ")";
+           std::string(operation) + " (it has " + list + ")";
   }
   return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
          std::string(operation) + " (it has no algorithm to choose: leave it automatic)";
