@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "dcomm/communicator.hpp"
-#include "dcomm/init_process_group.hpp"
 #include "dcomm/cpu_backend.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/thread_world.hpp"
 #include "support/sanitizer.hpp"
 
