@@ -24,7 +24,6 @@
 // scaling); the result is finished once, with the group's size.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -198,9 +197,8 @@ inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, 
   const int root_host = h.host_index[static_cast<std::size_t>(root)];
   const bool roots_host = root_host == h.host_rank;
   if (roots_host) {
-    const auto at = std::find(h.local.begin(), h.local.end(), root);
     phase_view inside(c, h.local, h.local_rank, 0);
-    co_await flat_broadcast(c, buf, bytes, static_cast<int>(at - h.local.begin()), t);
+    co_await flat_broadcast(c, buf, bytes, h.local_index[static_cast<std::size_t>(root)], t);
   }
   if (h.local_rank == 0) {
     phase_view across(c, h.leaders, h.host_rank, 1);
