@@ -2,6 +2,9 @@
 // authenticated socket that really leads to the rank it claims to, whatever
 // strangers do to the mesh ports while it forms; and start-up fails with a
 // dcomm::error naming the cause, never a raw system error or a hang.
+// Size: many small independent cases in one translation unit on purpose: each
+// Asio-heavy test file costs about a minute per CI build (three builds), so
+// the start-up's cases (the mesh and who gets blamed when it fails) share it.
 #include "dcomm/tcp/mesh.hpp"
 
 #include <doctest/doctest.h>
