@@ -75,9 +75,11 @@ class cpu_backend {
         .links = tcp::parse_link_choice(o.transport),
         .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
         .host_id = o.host_id};
-    auto net = co_await tcp::connect_transport(
-        std::move(s), rank, world, std::move(mesh),
-        {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin}, deadline, shm);
+    auto net = co_await tcp::connect_transport(std::move(s), rank, world, std::move(mesh),
+                                               {.eager_limit = o.eager_limit,
+                                                .shm_spin = o.shm_spin,
+                                                .shm_single_copy = o.shm_single_copy},
+                                               deadline, shm);
     co_return std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, overrides));
   }
 
@@ -452,7 +454,7 @@ class cpu_backend {
   static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
     return {.op = coll_op::p2p, .type = t, .count = count};
   }
-  // `arena`: the call runs in the host's arena; `slices`: of a CUDA tensor
+  // `arena`: the call runs in its group's arena; `slices`: of a CUDA tensor
   // staged slice by slice (0: not sliced).
   tcp::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
                           std::size_t count = 0, int root = -1, const reducer* r = nullptr,
@@ -470,12 +472,12 @@ class cpu_backend {
             .arena = static_cast<std::uint8_t>(arena ? 1 : 0)};
   }
 
-  // Whether the call runs in the host's arena: the op has a shared memory
+  // Whether the call runs in its group's arena: the op has a shared memory
   // algorithm, the call asks for it or for none (op_options or DCOMM_ALGO),
-  // and the group's ranks all share this host's arena (the world group
-  // where every rank is here); asked for elsewhere, it is refused on every
-  // rank alike. Whatever the size: measured faster than the links at every
-  // size (docs/communicator.md).
+  // and the group has an arena (its ranks all share this host: the world's
+  // is the host's, another group claims its own while the host has one
+  // free); asked for elsewhere, it is refused on every rank alike. Whatever the size: measured
+  // faster than the links at every size (docs/communicator.md).
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
     if (!tcp::algorithms_of(op).shared_memory) return false;
     const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
@@ -486,8 +488,10 @@ class cpu_backend {
                 {.operation = operation,
                  .rank = rank(),
                  .detail = "algorithm shared_memory needs a group whose ranks all share this "
-                           "host's arena: the world group, every rank on one host, links not "
-                           "set to tcp"});
+                           "host (links not set to tcp) and an arena for it: the world's, or "
+                           "one of the host's " +
+                           std::to_string(shm::group_arenas) +
+                           " group arenas, which the first groups made claim"});
   }
 
   // The algorithm this call runs (tcp::choose: the one its signature asks

@@ -4,7 +4,11 @@
 // (every thread world of one process is one host; meson reruns them over
 // TCP only and as two hosts).
 #include <dirent.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +52,20 @@ int mapped_segments() {
     if (std::string(line).find("memfd:dcomm-shm") != std::string::npos) ++n;
   std::fclose(f);
   return n;
+}
+
+// Makes process_vm_readv fail with EPERM in this process, as where ptrace
+// is not permitted (a container's seccomp profile, Yama): before any thread.
+bool forbid_reading_other_processes() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
 
 }  // namespace
@@ -150,8 +168,7 @@ TEST_SUITE("shared memory") {
   TEST_CASE("the arena: chosen for the world on one host, refused where it cannot serve") {
     DCOMM_TEST_DEADLINE(60s);
     const dcomm::op_options arena{.timeout = 10s, .algorithm = dcomm::algorithm::shared_memory};
-    // One host: automatic calls meet in the arena (a mismatch says so);
-    // a group other than the world keeps its messages, and refuses it.
+    // One host: automatic calls meet in the arena (a mismatch says so).
     DCOMM_REQUIRE_WORLD(4, [&](comm& c, int r) -> asio::awaitable<void> {
       std::vector<float> v(static_cast<std::size_t>(10 + r % 2), 1.0f);
       auto [code, what] = co_await dcomm::test::failure_of(
@@ -160,18 +177,6 @@ TEST_SUITE("shared memory") {
                                dcomm::test::contains(what, "float32 x 10, sum) in shared memory") &&
                                dcomm::test::contains(what, "float32 x 11, sum) in shared memory"),
                            "a mismatch in the arena names both calls: " + what);
-      co_await c.barrier(arena);
-      auto pair = c.new_group({0, 1});
-      if (pair) {
-        std::vector<int> one{1};
-        auto [refused, why] = co_await dcomm::test::failure_of(
-            [&] { return pair->all_reduce(one, dcomm::sum, arena); });
-        dcomm::test::require(refused == dcomm::errc::invalid_argument &&
-                                 dcomm::test::contains(why, "shared_memory needs"),
-                             "a subgroup refuses the arena: " + why);
-        co_await pair->all_reduce(one, dcomm::sum);
-        dcomm::test::require(one[0] == 2, "the subgroup's messages still work");
-      }
       co_await c.barrier(arena);
     });
     // Two hosts: nobody has the arena.
@@ -194,6 +199,89 @@ TEST_SUITE("shared memory") {
         });
     INFO(dcomm::test::summary(errors));
     for (auto& e : errors) CHECK(e.empty());
+  }
+
+  TEST_CASE("a group whose ranks share this host meets in an arena of its own") {
+    DCOMM_TEST_DEADLINE(60s);
+    const dcomm::op_options arena{.timeout = 10s, .algorithm = dcomm::algorithm::shared_memory};
+    DCOMM_REQUIRE_WORLD(4, [&](comm& c, int r) -> asio::awaitable<void> {
+      // Two groups at once, each in its own arena: nothing goes through
+      // the links, small (one pass) or large (shares, several steps).
+      auto pair = co_await c.split(r / 2, r);
+      comm& g = *pair;
+      const int partner = r ^ 1;
+      const std::uint64_t before = c.backend().bytes_sent_to(partner);
+      for (std::size_t count : {std::size_t{3}, std::size_t{300'001}}) {
+        std::vector<float> v(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(r * 10 + i % 5);
+        co_await g.all_reduce(v, dcomm::sum);
+        for (std::size_t i = 0; i < count; i += 1009) {
+          const float want = static_cast<float>((r & ~1) * 10 + (r | 1) * 10 + 2 * (i % 5));
+          dcomm::test::require(
+              v[i] == want, "group element " + std::to_string(i) + " is " + std::to_string(v[i]));
+        }
+      }
+      std::vector<std::int64_t> x{r}, all(2);
+      co_await g.all_gather(std::span<const std::int64_t>(x), std::span<std::int64_t>(all));
+      co_await g.broadcast(x, 1);
+      co_await g.barrier(arena);
+      dcomm::test::require(all[0] == (r & ~1) && all[1] == (r | 1) && x[0] == (r | 1),
+                           "the group's all_gather and broadcast");
+      dcomm::test::require(c.backend().bytes_sent_to(partner) == before,
+                           "the group's calls wrote " +
+                               std::to_string(c.backend().bytes_sent_to(partner) - before) +
+                               " bytes to the links");
+      // A mismatch in a group's arena names the global rank.
+      std::vector<float> odd(static_cast<std::size_t>(10 + r % 2), 1.0f);
+      auto [code, what] = co_await dcomm::test::failure_of(
+          [&] { return g.all_reduce(odd, dcomm::sum, {.timeout = 10s}); });
+      dcomm::test::require(code == dcomm::errc::mismatch &&
+                               dcomm::test::contains(what, "rank " + std::to_string(partner) +
+                                                               " called all_reduce") &&
+                               dcomm::test::contains(what, "in shared memory"),
+                           "a mismatch in the group's arena: " + what);
+      // Started in different orders on the two ranks of a group, a call of
+      // the group and one of the world both finish: the arenas queue their
+      // calls apart (one queue for both would deadlock until the timeout).
+      std::vector<int> mine{1}, ours{1};
+      const bool group_first = r % 2 == 0;
+      auto first = group_first ? g.all_reduce(mine, dcomm::sum, dcomm::as_request)
+                               : c.all_reduce(ours, dcomm::sum, dcomm::as_request);
+      auto second = group_first ? c.all_reduce(ours, dcomm::sum, dcomm::as_request)
+                                : g.all_reduce(mine, dcomm::sum, dcomm::as_request);
+      co_await first.async_wait();
+      co_await second.async_wait();
+      dcomm::test::require(mine[0] == 2 && ours[0] == 4, "both calls, crossed");
+    });
+  }
+
+  TEST_CASE("a host's group arenas run out: later groups keep their messages") {
+    DCOMM_TEST_DEADLINE(60s);
+    const dcomm::op_options arena{.timeout = 10s, .algorithm = dcomm::algorithm::shared_memory};
+    DCOMM_REQUIRE_WORLD(3, [&](comm& c, int r) -> asio::awaitable<void> {
+      for (std::size_t i = 0; i <= dcomm::shm::group_arenas; ++i) {
+        auto g = c.new_group({0, 1});
+        if (!g) continue;
+        std::vector<int> one{1};
+        const std::uint64_t before = c.backend().bytes_sent_to(1 - r);
+        if (i < dcomm::shm::group_arenas) {
+          co_await g->all_reduce(one, dcomm::sum, arena);
+          dcomm::test::require(c.backend().bytes_sent_to(1 - r) == before,
+                               "group " + std::to_string(i) + " has an arena");
+        } else {
+          auto [refused, why] = co_await dcomm::test::failure_of(
+              [&] { return g->all_reduce(one, dcomm::sum, arena); });
+          dcomm::test::require(refused == dcomm::errc::invalid_argument &&
+                                   dcomm::test::contains(why, "shared_memory needs"),
+                               "the group past the last arena refuses it: " + why);
+          co_await g->all_reduce(one, dcomm::sum);
+          dcomm::test::require(c.backend().bytes_sent_to(1 - r) > before,
+                               "the group past the last arena sends messages");
+        }
+        dcomm::test::require(one[0] == 2, "group " + std::to_string(i) + "'s all_reduce");
+      }
+      co_await c.barrier();
+    });
   }
 
   TEST_CASE("across hosts all_reduce goes through each host: fewer bytes between hosts") {
@@ -386,6 +474,159 @@ TEST_SUITE("shared memory") {
     for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
     CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
     CHECK(files_in("/dev/shm") == before);
+  }
+
+  TEST_CASE("SIGKILL mid-collective in a group's arena: peer_lost naming it") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::test::listening_socket master;
+    const auto start = std::chrono::steady_clock::now();
+    auto results = dcomm::test::fork_world(3, 60s, [&](int rank) {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+      ::setenv("WORLD_SIZE", "3", 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("DCOMM_TRANSPORT", "shm", 1);
+      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+      auto g = c.new_group({1, 2});  // group ranks 0 and 1 are global 1 and 2
+      if (!g) {                      // stays until the others are done: it hosts the store
+        std::this_thread::sleep_for(1s);
+        return 0;
+      }
+      std::vector<float> v(2 << 20, 1.0f);
+      g->all_reduce(v, dcomm::sum, {.algorithm = dcomm::algorithm::shared_memory}, dcomm::blocking);
+      if (rank == 2) {
+        g->all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
+        std::this_thread::sleep_for(30ms);
+        ::kill(::getpid(), SIGKILL);
+      }
+      std::this_thread::sleep_for(300ms);
+      try {
+        g->all_reduce(v, dcomm::sum, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return e.code() == dcomm::errc::peer_lost &&
+                       e.context().peers.find('2') != std::string::npos
+                   ? 3
+                   : 4;
+      }
+      return 0;
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[2].signal == SIGKILL);
+    CHECK(results[1].exit_code == 3);
+    CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
+  }
+
+  TEST_CASE("large messages on one host: read from the sender's buffer, one copy") {
+    DCOMM_TEST_DEADLINE(60s);
+    // Above the eager limit, in both directions, the receive posted first
+    // or last: the right bytes, and only frame headers through the ring.
+    // With single copy off, the payload goes through the ring.
+    for (bool single_copy : {true, false}) {
+      CAPTURE(single_copy);
+      dcomm::cpu_backend::options o;
+      o.shm_single_copy = single_copy;
+      constexpr std::size_t count = 1 << 20;  // 4 MiB of int32
+      DCOMM_REQUIRE_WORLD(
+          2,
+          [&](comm& c, int r) -> asio::awaitable<void> {
+            const int peer = 1 - r;
+            for (int round = 0; round < 4; ++round) {
+              const int sender = round % 2;
+              std::vector<std::int32_t> v(count);
+              const std::uint64_t before = c.backend().bytes_sent_to(peer);
+              if (r == sender) {
+                for (std::size_t i = 0; i < count; ++i)
+                  v[i] = static_cast<std::int32_t>(i * 3 + static_cast<std::size_t>(round));
+                co_await c.send(v, peer, round);
+              } else {
+                if (round >= 2) {  // the rts waits for the receive
+                  asio::steady_timer t(co_await asio::this_coro::executor, 50ms);
+                  co_await t.async_wait(asio::use_awaitable);
+                }
+                co_await c.recv(v, peer, round);
+                for (std::size_t i = 0; i < count; i += 4093)
+                  dcomm::test::require(
+                      v[i] == static_cast<std::int32_t>(i * 3 + static_cast<std::size_t>(round)),
+                      "element " + std::to_string(i) + " of round " + std::to_string(round));
+              }
+              co_await c.barrier();
+              if (r != sender) continue;
+              const std::uint64_t sent = c.backend().bytes_sent_to(peer) - before;
+              dcomm::test::require(single_copy ? sent < 64 * 1024 : sent >= count * 4,
+                                   std::to_string(sent) + " bytes through the ring in round " +
+                                       std::to_string(round));
+            }
+          },
+          20s, o);
+    }
+  }
+
+  TEST_CASE("large messages on one host: a send taken back is never read as data") {
+    DCOMM_TEST_DEADLINE(60s);
+    // The send times out before its receive is posted, and its buffer is
+    // written again: the receive must not complete (with those bytes).
+    DCOMM_REQUIRE_WORLD(2, [&](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<std::int32_t> v(1 << 18, 1);
+      if (r == 0) {
+        auto [code, what] =
+            co_await dcomm::test::failure_of([&] { return c.send(v, 1, 7, {.timeout = 200ms}); });
+        dcomm::test::require(code == dcomm::errc::timeout, "the send times out: " + what);
+        std::fill(v.begin(), v.end(), 7);
+        // Stays until rank 1 has tried (its receive fails once this rank has left).
+        asio::steady_timer t(co_await asio::this_coro::executor, 2500ms);
+        co_await t.async_wait(asio::use_awaitable);
+      } else {
+        asio::steady_timer t(co_await asio::this_coro::executor, 600ms);
+        co_await t.async_wait(asio::use_awaitable);
+        auto [code, what] =
+            co_await dcomm::test::failure_of([&] { return c.recv(v, 0, 7, {.timeout = 1s}); });
+        // (What a failed receive left in its buffer is unspecified.)
+        dcomm::test::require(code == dcomm::errc::timeout,
+                             "a withdrawn send is not received: " + what);
+      }
+    });
+  }
+
+  TEST_CASE("large messages between processes: one copy, or the ring where reading is refused") {
+    DCOMM_TEST_DEADLINE(90s);
+    // Rank 1 receives 8 MiB twice from rank 0; rank 0 says how many bytes
+    // went through the ring (exit code 3: under 1 MiB, 4: more). With
+    // rank 1 unable to read other processes, the data still arrives.
+    for (bool forbidden : {false, true}) {
+      CAPTURE(forbidden);
+      dcomm::test::listening_socket master;
+      auto results = dcomm::test::fork_world(2, 60s, [&](int rank) {
+        if (forbidden && rank == 1 && !forbid_reading_other_processes()) return 6;
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+        ::setenv("WORLD_SIZE", "2", 1);
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("DCOMM_TRANSPORT", "shm", 1);
+        if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+        auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+        if (c.backend().link_to(1 - rank) != "shm") return 5;
+        std::vector<std::int64_t> v(1 << 20);
+        for (int round = 0; round < 2; ++round) {
+          if (rank == 0) {
+            for (std::size_t i = 0; i < v.size(); ++i)
+              v[i] = static_cast<std::int64_t>(i) * (round + 2);
+            c.send(v, 1, round, dcomm::blocking);
+          } else {
+            c.recv(v, 0, round, dcomm::blocking);
+            for (std::size_t i = 0; i < v.size(); ++i)
+              if (v[i] != static_cast<std::int64_t>(i) * (round + 2)) return 7;
+          }
+        }
+        c.barrier(dcomm::blocking);
+        if (rank == 1) return 0;
+        return c.backend().bytes_sent_to(1) < (1u << 20) ? 3 : 4;
+      });
+      INFO(dcomm::test::describe(results));
+      CHECK(results[1].exit_code == 0);
+      CHECK(results[0].exit_code == (forbidden ? 4 : 3));
+    }
   }
 
   TEST_CASE("the handover drops strangers and wrong ranks; the real ranks still get the segment") {

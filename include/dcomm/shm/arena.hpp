@@ -1,5 +1,5 @@
-// The host's arena: the part of the shared memory segment (shm/segment.hpp)
-// where the collectives of a group whose ranks all live on this host meet
+// An arena: a part of the shared memory segment (shm/segment.hpp) where the
+// collectives of a group whose ranks all live on this host meet
 // (tcp/algorithms/shared_memory.hpp), instead of passing messages.
 //
 // Each local rank owns two records, used in turn, one per step of an
@@ -21,6 +21,12 @@
 // others there), so each rank also says which calls it has left: the next
 // call's first write waits until the others are done with what it
 // overwrites (tcp/shm_arena.hpp).
+//
+// The segment has the host's arena, where the world group meets when every
+// rank is on this host, and group_arenas more, each a group's own: a group
+// whose ranks all share this host claims one by its id (claim_arena) the
+// first time it needs it, and keeps it while the segment lives. Two groups
+// never share an arena: a call of one would take the other's records.
 #pragma once
 
 #include <atomic>
@@ -70,6 +76,31 @@ struct arena_layout {
     return rank * stride() + records_bytes + which * slot_bytes;
   }
 };
+
+// Arenas for groups other than the world, per segment; a group that finds
+// them all taken keeps its messages.
+inline constexpr std::size_t group_arenas = 8;
+
+// Which group holds one of those arenas (0: none yet). Claimed once, never
+// given back, so every member that looks finds the same arena: the first
+// one whose claim says its group, or, where none does, the same "none".
+struct alignas(cache_line) arena_claim {
+  std::atomic<std::uint64_t> group{0};
+};
+
+// The arena that group `key` (not 0) holds, claiming a free one if it holds
+// none: its index in `claims`, or group_arenas when every one is taken.
+// Members scan in the same order: one that finds a free claim taken by
+// another member of its group sees the key there and takes the same.
+inline std::size_t claim_arena(arena_claim* claims, std::uint64_t key) {
+  for (std::size_t i = 0; i < group_arenas; ++i) {
+    std::uint64_t held = claims[i].group.load(std::memory_order_acquire);
+    if (held == 0 && claims[i].group.compare_exchange_strong(held, key, std::memory_order_acq_rel))
+      return i;
+    if (held == key) return i;
+  }
+  return group_arenas;
+}
 
 // One rank's view of the arena of a mapped segment.
 class arena {

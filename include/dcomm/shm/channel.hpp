@@ -112,6 +112,13 @@ class channel {
   std::uint64_t peer_written() const { return in_.head.load(std::memory_order_acquire); }
   // Bytes read so far, in the peer_written() count.
   std::uint64_t consumed() const { return read_; }
+
+  // Large sends offered for a single copy and taken back (shm/single_copy.hpp):
+  // the writer counts one before it gives such a buffer back; the reader
+  // compares after reading one.
+  std::uint32_t withdrawn_here() const { return out_.withdrawn.load(std::memory_order_relaxed); }
+  void withdraw() { out_.withdrawn.fetch_add(1, std::memory_order_seq_cst); }
+  std::uint32_t withdrawn_by_peer() const { return in_.withdrawn.load(std::memory_order_seq_cst); }
   bool readable() {
     if (head_seen_ != read_) return true;
     head_seen_ = in_.head.load(std::memory_order_acquire);

@@ -3,7 +3,9 @@
 // every rank there. It holds, for each ordered pair of local ranks, a
 // byte ring (shm/channel.hpp), for each local rank a doorbell: a word
 // saying whether the rank sleeps, and an eventfd that wakes it, and the
-// arena where the collectives meet (shm/arena.hpp).
+// arenas where the collectives meet (shm/arena.hpp): the host's and
+// group_arenas that groups claim, and what each rank says of itself for
+// reads of its memory by the others (shm/single_copy.hpp).
 //
 // The segment is a memfd: it has no name anywhere, so nothing is left
 // behind when the job ends, even by SIGKILL (the kernel frees it with the
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "dcomm/shm/arena.hpp"
+#include "dcomm/shm/single_copy.hpp"
 
 namespace dcomm::shm {
 
@@ -43,11 +46,14 @@ struct alignas(cache_line) doorbell_word {
 // One direction between two ranks: `head` counts the bytes ever written
 // (the writer's), `tail` the bytes ever read (the reader's), each on a
 // cache line of its own; `writer_waiting` asks the reader to ring the
-// writer's doorbell once it has made room.
+// writer's doorbell once it has made room; `withdrawn` counts the large
+// sends the writer took back after offering the reader its buffer
+// (shm/single_copy.hpp).
 struct ring_control {
   alignas(cache_line) std::atomic<std::uint64_t> head{0};
   alignas(cache_line) std::atomic<std::uint64_t> tail{0};
   alignas(cache_line) std::atomic<std::uint32_t> writer_waiting{0};
+  std::atomic<std::uint32_t> withdrawn{0};
 };
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
@@ -83,13 +89,20 @@ struct segment_layout {
   }
   std::size_t bells_at() const { return cache_line; }
   std::size_t controls_at() const { return bells_at() + ranks * sizeof(doorbell_word); }
+  std::size_t claims_at() const { return controls_at() + pairs() * sizeof(ring_control); }
+  std::size_t identities_at() const { return claims_at() + group_arenas * sizeof(arena_claim); }
   std::size_t data_at() const {
-    const std::size_t end = controls_at() + pairs() * sizeof(ring_control);
+    const std::size_t end = identities_at() + ranks * sizeof(process_identity);
     return (end + 4095) / 4096 * 4096;  // ring data starts on a page
   }
-  std::size_t arena_at() const { return data_at() + pairs() * ring_bytes; }
+  // Arena 0 is the host's; 1 to group_arenas the groups' (each laid out
+  // for every local rank; a group uses the places of its group ranks).
+  // Pages nobody touches cost no memory: a memfd is allocated as written.
+  std::size_t arena_at(std::size_t which) const {
+    return data_at() + pairs() * ring_bytes + which * arena().bytes();
+  }
   arena_layout arena() const { return {ranks, slot_bytes}; }
-  std::size_t bytes() const { return arena_at() + arena().bytes(); }
+  std::size_t bytes() const { return arena_at(1 + group_arenas); }
 };
 
 [[noreturn]] inline void throw_errno(const char* what) {
@@ -119,11 +132,18 @@ class segment {
     for (std::size_t i = 0; i < ranks; ++i) new (&s.bell(i)) doorbell_word{};
     for (std::size_t i = 0; i < s.layout_.pairs(); ++i)
       new (s.base_ + s.layout_.controls_at() + i * sizeof(ring_control)) ring_control{};
-    for (std::size_t i = 0; i < ranks; ++i)
-      for (std::size_t which = 0; which < 2; ++which)
-        new (s.base_ + s.layout_.arena_at() + s.layout_.arena().record_at(i, which)) arena_record{};
-    for (std::size_t i = 0; i < ranks; ++i)
-      new (s.base_ + s.layout_.arena_at() + s.layout_.arena().state_at(i)) arena_rank_state{};
+    for (std::size_t i = 0; i < group_arenas; ++i)
+      new (s.base_ + s.layout_.claims_at() + i * sizeof(arena_claim)) arena_claim{};
+    for (std::size_t i = 0; i < ranks; ++i) new (&s.identity(i)) process_identity{};
+    const arena_layout a = s.layout_.arena();
+    for (std::size_t which_arena = 0; which_arena <= group_arenas; ++which_arena) {
+      char* at = s.base_ + s.layout_.arena_at(which_arena);
+      for (std::size_t i = 0; i < ranks; ++i) {
+        for (std::size_t which = 0; which < 2; ++which)
+          new (at + a.record_at(i, which)) arena_record{};
+        new (at + a.state_at(i)) arena_rank_state{};
+      }
+    }
     h->ranks = static_cast<std::uint32_t>(ranks);
     h->ring_bytes = sizes.ring_bytes;
     h->slot_bytes = sizes.slot_bytes;
@@ -173,9 +193,16 @@ class segment {
     return *reinterpret_cast<ring_control*>(base_ + layout_.controls_at() +
                                             layout_.pair(from, to) * sizeof(ring_control));
   }
-  shm::arena arena() {
-    return {reinterpret_cast<std::byte*>(base_ + layout_.arena_at()), layout_.arena()};
+  // Arena 0: the host's; 1 + i: the one of claims()[i].
+  shm::arena arena(std::size_t which = 0) {
+    return {reinterpret_cast<std::byte*>(base_ + layout_.arena_at(which)), layout_.arena()};
   }
+  arena_claim* claims() { return reinterpret_cast<arena_claim*>(base_ + layout_.claims_at()); }
+  process_identity& identity(std::size_t local) {
+    return *reinterpret_cast<process_identity*>(base_ + layout_.identities_at() +
+                                                local * sizeof(process_identity));
+  }
+  const char* base() const { return base_; }
   std::byte* data(std::size_t from, std::size_t to) {
     return reinterpret_cast<std::byte*>(base_ + layout_.data_at() +
                                         layout_.pair(from, to) * layout_.ring_bytes);

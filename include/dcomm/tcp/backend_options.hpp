@@ -61,10 +61,18 @@ struct backend_options {
   std::string host_id = "";
   // Each shared memory link's ring, per direction (a power of two).
   std::size_t shm_ring_bytes = 1 << 20;
-  // Each of a rank's two slots in the host's arena, where the collectives
+  // Each of a rank's two slots in an arena, where the collectives
   // of a group on one host meet (a multiple of 4096): what one step of
   // an operation moves per rank.
   std::size_t shm_slot_bytes = 256 * 1024;
+  // Messages above eager_limit to a rank of this host: the receiver reads
+  // them from the sender's buffer (process_vm_readv, one copy instead of
+  // two through the ring) where the kernel allows; off where
+  // $DCOMM_SHM_SINGLE_COPY is 0.
+  bool shm_single_copy = [] {
+    const char* v = std::getenv("DCOMM_SHM_SINGLE_COPY");
+    return !(v && std::string(v) == "0");
+  }();
   // How long a waiting operation polls shared memory before it sleeps
   // (a system call to wake it then); $DCOMM_SHM_SPIN_US if set. Polling
   // stops where the ranks of the host outnumber the cores this process

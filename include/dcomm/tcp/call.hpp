@@ -103,6 +103,7 @@ class call {
   int size() const { return view_.members ? view_.size : group_.size(); }
   // The group's ranks on hosts (tcp/hosts.hpp).
   const host_layout& hosts() { return t_.hosts_of(group_); }
+  const group_state& group() const { return group_; }
 
   // A phase among some of the group's ranks (a hierarchical collective's
   // host, or one rank per host): while it is set, rank(), size() and the

@@ -69,6 +69,7 @@ struct io_item {
   // A send whose data becomes ready in parts (transport::send_ready): it
   // always goes by rts, and its data frames follow the parts.
   bool staged = false;
+  bool offered = false;       // large send: its rts offered the buffer for a single copy
   std::size_t ready = 0;      // staged send: bytes of send_buffer ready to go
   std::size_t queued = 0;     // staged send: bytes handed to data frames
   std::size_t written = 0;    // staged send: bytes written
@@ -172,7 +173,7 @@ struct op_state {
     int awaited = 0;
   };
   std::unique_ptr<probe_answers> probe;
-  // Waits in the host's arena (polled while it waits); the next call
+  // Waits in its group's arena (polled while it waits); the next call
   // queued for the arena (tcp/shm_arena.hpp).
   bool on_arena = false;
   op_state* next_on_arena = nullptr;

@@ -107,6 +107,10 @@ struct peer_link {
   bool shm_writer_blocked = false;    // the ring was full
   bool shm_peer_gone = false;         // what its ring holds is all there will be
   std::size_t shm_frame_written = 0;  // of the front frame, its header included
+  std::size_t shm_local = 0;          // the peer's place in the segment
+  // Whether this rank may read the peer's memory (shm/single_copy.hpp).
+  enum class direct_reads : std::uint8_t { untried, allowed, refused };
+  direct_reads shm_direct = direct_reads::untried;
   // What an arena step waits to have read from the ring before it ends
   // (transport::arena_rings_read).
   std::uint64_t shm_read_before_step = 0;

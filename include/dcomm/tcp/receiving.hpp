@@ -85,8 +85,19 @@ inline bool transport::check_match(io_item& it, const wire_header& h) {
   return false;
 }
 
-// A large receive found its rts: ask for the data.
+// A large receive found its rts: read the data from the sender's buffer
+// where it offered it (a peer of this host), else ask for it.
 inline void transport::start_data(peer_link& l, io_item& it, const wire_header& rts) {
+  if (rts.cookie2 && read_directly(l, it, rts)) {
+    wire_header c = rts;
+    c.kind = msg_kind::cts;
+    c.cookie2 = it.id;
+    c.extra = 1;  // read: no data frame
+    l.frames.push_back({c, nullptr, 0, nullptr});
+    start_write(it.peer);
+    it.arrived = it.bytes;
+    return complete(it);
+  }
   it.state = item_state::awaiting_data;
   l.awaiting_data.push_back(&it);
   wire_header c = rts;
@@ -382,6 +393,10 @@ inline void transport::on_cts(peer_link& l, int peer, const wire_header& h) {
   if (found == l.awaiting_cts.end()) return;  // that send was cancelled
   io_item* it = *found;
   l.awaiting_cts.erase(found);
+  if (h.extra == 1 && it->offered) {  // the receiver read the buffer itself
+    complete(*it);
+    return it->op->wake();
+  }
   if (it->staged) {
     it->peer_id = h.cookie2;
     it->state = item_state::queued;

@@ -39,6 +39,12 @@ inline void transport::post_send(io_item& it) {
   } else {
     h.kind = msg_kind::rts;
     h.cookie = it.id;
+    // A peer of this host may read the buffer itself (shm/single_copy.hpp).
+    if (l.shm && options_.shm_single_copy && !it.staged && it.bytes) {
+      h.cookie2 = reinterpret_cast<std::uintptr_t>(it.send_buffer);
+      h.extra = l.shm->withdrawn_here();
+      it.offered = true;
+    }
     it.state = item_state::awaiting_cts;
     l.awaiting_cts.push_back(&it);
     l.frames.push_back({h, nullptr, 0, nullptr});
@@ -148,6 +154,7 @@ inline void transport::cancel_item(io_item& it, bool let_io_finish) {
       break;
     case item_state::awaiting_cts:
       std::erase(l.awaiting_cts, &it);
+      withdraw_offer(l, it);
       break;
     case item_state::queued:
       // Marked, not erased: cheaper, and the frames of the write in

@@ -1,6 +1,7 @@
-// A collective's use of the host's arena (shm/arena.hpp), for the
-// algorithms of tcp/algorithms/shared_memory.hpp: its turn (one call at a
-// time per rank, in the order the calls started), its steps (write this
+// A collective's use of its group's arena (shm/arena.hpp: the host's for
+// the world, else the group's own), for the algorithms of
+// tcp/algorithms/shared_memory.hpp: its turn (one call at a time per rank
+// and arena, in the order the calls started), its steps (write this
 // rank's slot, arrive, wait until every other rank arrived, read theirs),
 // and what can go wrong while it waits: a rank whose call differs
 // (errc::mismatch, from the call each record carries), a rank that is
@@ -29,8 +30,13 @@ class arena_call {
   // Queues the call for the arena at once (the algorithm starts before
   // its first wait, in the order the calls started).
   explicit arena_call(call& c)
-      : c_(c), t_(c.net()), a_(*t_.host_arena()), me_(c.rank()), n_(c.size()) {
-    t_.queue_for_arena(op());
+      : c_(c),
+        t_(c.net()),
+        seat_(*t_.arena_of(c.group())),
+        a_(seat_.arena),
+        me_(c.rank()),
+        n_(c.size()) {
+    t_.queue_for_arena(seat_, op());
   }
   arena_call(const arena_call&) = delete;
   arena_call& operator=(const arena_call&) = delete;
@@ -40,19 +46,18 @@ class arena_call {
   ~arena_call() {
     a_.state(mine()).left.store(shm::arena_stamp(op().seq, shm::max_arena_steps),
                                 std::memory_order_release);
-    t_.leave_arena(op());
+    t_.leave_arena(seat_, op());
   }
 
   // Waits until the calls that started before this one have left.
   detail::task<void> enter() {
-    if (t_.arena_holder() != &op())
-      co_await c_.wait_until([this] { return t_.arena_holder() == &op(); });
+    if (seat_.first != &op()) co_await c_.wait_until([this] { return seat_.first == &op(); });
     // Now it polls the arena while it waits (transport::wait spins).
     op().on_arena = true;
     // The record its first step overwrites: after a call that failed
     // here, other ranks may still read it (see shm/arena.hpp).
-    if (!t_.arena_synced()) {
-      reused_ = a_.record(mine(), t_.peek_arena_record()).arrived.load(std::memory_order_relaxed);
+    if (!seat_.synced) {
+      reused_ = a_.record(mine(), seat_.record).arrived.load(std::memory_order_relaxed);
       if (!others_done()) co_await c_.wait_until([this] { return others_done(); });
     }
     // An earlier send of ours a member refused fails this call (it needs
@@ -66,7 +71,7 @@ class arena_call {
   std::byte* begin_step() {
     if (step_ > shm::max_arena_steps)
       c_.invalid("the operation needs more steps through shared memory than a stamp holds");
-    record_ = t_.next_arena_record();
+    record_ = seat_.next_record();
     stamp_ = shm::arena_stamp(op().seq, step_++);
     cursor_ = 0;
     rings_noted_ = false;
@@ -80,7 +85,7 @@ class arena_call {
     std::memcpy(r.call, &op().sig, sizeof(call_signature));
     r.arrived.store(stamp_, std::memory_order_release);
     t_.ring_local_peers();
-    t_.set_arena_synced(false);
+    seat_.synced = false;
   }
   // Publishes that this rank's share of the step's reduction is in its slot.
   void reduced() {
@@ -95,13 +100,13 @@ class arena_call {
   bool all_arrived() {
     if (!reached(false)) return false;
     if (!rings_noted_) {
-      t_.note_arena_rings();
+      t_.note_arena_rings(op());
       rings_noted_ = true;
     }
-    if (!t_.arena_rings_read()) return false;
+    if (!t_.arena_rings_read(seat_, op())) return false;
     // Every rank is past the step before: the record of that one may be
     // written again (the rule of shm/arena.hpp holds).
-    t_.set_arena_synced(true);
+    seat_.synced = true;
     return true;
   }
   bool all_reduced() { return reached(true); }
@@ -120,9 +125,10 @@ class arena_call {
   }
 
  private:
-  // The world group's rank is the arena's (every rank is on this host:
-  // transport::host_arena).
+  // A rank's place in the arena is its group rank (every member is on this
+  // host: transport::arena_of); links and errors name global ranks.
   std::size_t mine() const { return static_cast<std::size_t>(me_); }
+  int global(int q) { return op().members[static_cast<std::size_t>(q)]; }
 
   // Ranks below cursor_ have been seen at this step.
   bool reached(bool reduced) {
@@ -134,7 +140,7 @@ class arena_call {
         // Not yet: are those still to come alive?
         for (int q = cursor_; q < n_; ++q)
           if (q != me_ && !there(a_.find(static_cast<std::size_t>(q), stamp_), reduced) &&
-              t_.arena_peer_gone(op(), q))
+              t_.arena_peer_gone(op(), global(q)))
             return false;
         return false;
       }
@@ -145,7 +151,7 @@ class arena_call {
     if (reused_ == 0) return true;
     for (; cursor_ < n_; ++cursor_)
       if (cursor_ != me_ && !a_.done_with(static_cast<std::size_t>(cursor_), reused_)) {
-        t_.arena_peer_gone(op(), cursor_);
+        t_.arena_peer_gone(op(), global(cursor_));
         return false;
       }
     cursor_ = 0;
@@ -158,12 +164,13 @@ class arena_call {
     call_signature theirs;
     std::memcpy(&theirs, r.call, sizeof theirs);
     if (r.group == op().group && theirs == op().sig) return true;
-    t_.arena_mismatch(op(), cursor_, theirs);
+    t_.arena_mismatch(op(), global(cursor_), theirs);
     return false;
   }
 
   call& c_;
   transport& t_;
+  transport::arena_seat& seat_;
   shm::arena& a_;
   int me_, n_;
   std::uint32_t step_ = 0;

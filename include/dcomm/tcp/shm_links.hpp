@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 
@@ -36,11 +37,21 @@ inline void transport::use_shm(shm_links shm) {
     if (p == rank_) continue;
     peer_link& l = *links_[static_cast<std::size_t>(p)];
     l.shm = std::make_unique<shm::channel>(*shm.segment, static_cast<std::size_t>(shm_me_), i);
+    l.shm_local = i;
     shm_peers_.push_back(p);
   }
   shm_ = std::move(shm.segment);
-  // Every rank on this host: the world group meets in the arena.
-  if (static_cast<int>(shm.local.size()) == world_) arena_.emplace(shm_->arena());
+  // Who this rank is, for peers that read its buffers (shm/single_copy.hpp);
+  // published before anything it sends through the rings.
+  shm::process_identity& me_id = shm_->identity(static_cast<std::size_t>(shm_me_));
+  me_id.base = reinterpret_cast<std::uintptr_t>(shm_->base());
+  std::random_device random;
+  me_id.nonce = ((std::uint64_t{random()} << 32) | random()) | 1;  // never 0
+  me_id.pid.store(static_cast<std::uint64_t>(::getpid()), std::memory_order_release);
+  arenas_.reserve(1 + shm::group_arenas);
+  // Every rank on this host: the world group meets in the host's arena.
+  if (static_cast<int>(shm.local.size()) == world_)
+    arenas_.push_back({.group = 0, .arena = shm_->arena()});
 }
 
 // Writing: the link's frames in order, as far as the ring has room; the
@@ -106,7 +117,8 @@ inline detail::task<void> transport::shm_readable(peer_link& l) {
     if (l.shm->readable()) co_return;
     if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
     // Every frame read so far is handled: the arena's holder may go on.
-    if (arena_reading_rings_) wake_arena_holder();
+    for (arena_seat& seat : arenas_)
+      if (seat.reading_rings && seat.first) seat.first->wake();
     l.shm_wake = &wake;
     l.shm_reader_waiting = true;
     co_await wake.async_wait(detail::use_task);
@@ -249,43 +261,82 @@ inline void transport::close_bell_if_unused() {
   bell_->close(ignored);
 }
 
-// --- the host's arena (tcp/shm_arena.hpp) ---
+// --- single copy (shm/single_copy.hpp) ---
 
-inline shm::arena* transport::host_arena() {
-  return arena_ ? &*arena_ : nullptr;
+// A large message from a peer of this host, offered at rts.cookie2: read
+// into the receive's buffer at once. False: it goes through the ring (the
+// kernel refused, the peer is not the process its identity says, or the
+// peer withdrew an offer meanwhile, perhaps this one: then what was read
+// may be torn, and the ring brings it again if the send still stands).
+inline bool transport::read_directly(peer_link& l, io_item& it, const wire_header& rts) {
+  using direct = peer_link::direct_reads;
+  if (!l.shm || !options_.shm_single_copy || l.shm_direct == direct::refused || !it.bytes)
+    return false;
+  const shm::process_identity& peer = shm_->identity(l.shm_local);
+  if (l.shm_direct == direct::untried) {
+    l.shm_direct = shm::is_reachable(peer, shm_->base()) ? direct::allowed : direct::refused;
+    if (l.shm_direct == direct::refused)
+      log(detail::log_level::info, "rank " + std::to_string(rank_) + " cannot read rank " +
+                                       std::to_string(it.peer) +
+                                       "'s memory (process_vm_readv): its large messages come "
+                                       "through the ring");
+  }
+  if (l.shm_direct != direct::allowed) return false;
+  const auto read = shm::read_process(peer.pid.load(std::memory_order_relaxed), it.recv_buffer,
+                                      rts.cookie2, it.bytes);
+  if (read == shm::read_result::refused) l.shm_direct = direct::refused;
+  if (read != shm::read_result::done) return false;
+  // The reads above come before this look: unless the count moved, the
+  // sender still held the buffer after them.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return l.shm->withdrawn_by_peer() == rts.extra;
 }
 
-// Only the world group, when every rank is on this host: another group
-// keeps its messages (its arena would have to be its own).
-inline bool transport::arena_serves(const group_state& g) const {
-  return arena_ && g.id == 0 && g.size() == world_ && world_ > 1;
+// A send whose buffer a peer may be reading leaves awaiting_cts without its
+// answer (its call failed, the link closed): say so before the buffer goes
+// back to the caller.
+inline void transport::withdraw_offer(peer_link& l, io_item& it) {
+  if (it.offered && l.shm) l.shm->withdraw();
+  it.offered = false;
 }
 
-// Calls take the arena in the order they queued (the order they started).
-inline void transport::queue_for_arena(op_state& op) {
-  (arena_last_ ? arena_last_->next_on_arena : arena_first_) = &op;
-  arena_last_ = &op;
+// --- the arenas (tcp/shm_arena.hpp) ---
+
+inline transport::arena_seat* transport::arena_of(const group_state& g) {
+  if (!shm_ || g.size() < 2) return nullptr;
+  for (arena_seat& seat : arenas_)
+    if (seat.group == g.id) return &seat;
+  if (g.id == 0) return nullptr;  // the world spans hosts
+  for (int p : g.ranks)
+    if (p != rank_ && !shm_link(p)) return nullptr;
+  // Every member is on this host, linked through the segment. The claim's
+  // key is never 0 (a free claim); a group id of 0 is the world's.
+  const std::size_t i = shm::claim_arena(shm_->claims(), g.id);
+  if (i == shm::group_arenas) return nullptr;  // all taken: messages
+  arenas_.push_back({.group = g.id, .arena = shm_->arena(1 + i)});
+  return &arenas_.back();
 }
 
-inline void transport::leave_arena(op_state& op) {
+// Calls take an arena in the order they queued (the order they started).
+inline void transport::queue_for_arena(arena_seat& seat, op_state& op) {
+  (seat.last ? seat.last->next_on_arena : seat.first) = &op;
+  seat.last = &op;
+}
+
+inline void transport::leave_arena(arena_seat& seat, op_state& op) {
   op_state* before = nullptr;
-  for (op_state* i = arena_first_; i && i != &op; i = i->next_on_arena) before = i;
-  (before ? before->next_on_arena : arena_first_) = op.next_on_arena;
-  if (arena_last_ == &op) arena_last_ = before;
+  for (op_state* i = seat.first; i && i != &op; i = i->next_on_arena) before = i;
+  (before ? before->next_on_arena : seat.first) = op.next_on_arena;
+  if (seat.last == &op) seat.last = before;
   op.next_on_arena = nullptr;
   op.on_arena = false;
-  arena_reading_rings_ = false;
-  if (!before && arena_first_) arena_first_->wake();  // its turn
+  seat.reading_rings = false;
+  if (!before && seat.first) seat.first->wake();  // its turn
 }
 
 inline void transport::wake_arena_holder() {
-  if (arena_first_) arena_first_->wake();
-}
-
-inline std::size_t transport::next_arena_record() {
-  const std::size_t r = arena_record_;
-  arena_record_ ^= 1;
-  return r;
+  for (arena_seat& seat : arenas_)
+    if (seat.first) seat.first->wake();
 }
 
 // After a release store that a sleeping peer must see: either its last
@@ -307,8 +358,9 @@ inline bool transport::arena_peer_gone(op_state& op, int peer) {
 // ring to this rank holds now includes every frame it wrote before (a
 // report of a send of ours it refused, above all), which must fail this
 // call, not the next one.
-inline void transport::note_arena_rings() {
-  for (int p : shm_peers_) {
+inline void transport::note_arena_rings(const op_state& op) {
+  for (int p : op.members) {
+    if (p == rank_ || !shm_link(p)) continue;
     peer_link& l = *links_[static_cast<std::size_t>(p)];
     l.shm_read_before_step = l.shm->peer_written();
   }
@@ -317,16 +369,17 @@ inline void transport::note_arena_rings() {
 // Whether the readers have read that far. A reader handles what it read
 // before it waits again (it waits only in shm_readable), and it runs on
 // this executor: once the bytes are read, their frames are handled.
-inline bool transport::arena_rings_read() {
-  for (int p : shm_peers_) {
+inline bool transport::arena_rings_read(arena_seat& seat, const op_state& op) {
+  for (int p : op.members) {
+    if (p == rank_ || !shm_link(p)) continue;
     peer_link& l = *links_[static_cast<std::size_t>(p)];
     if (l.lost || l.shm_peer_gone || !l.socket.is_open()) continue;
     if (l.shm->consumed() < l.shm_read_before_step) {
-      arena_reading_rings_ = true;
+      seat.reading_rings = true;
       return false;
     }
   }
-  arena_reading_rings_ = false;
+  seat.reading_rings = false;
   return true;
 }
 

@@ -176,7 +176,10 @@ inline void transport::lose_link(int peer, std::string why) {
   l.posted.clear();
   for (auto* it : l.awaiting_data) fail_pending(it);
   l.awaiting_data.clear();
-  for (auto* it : l.awaiting_cts) fail_pending(it);
+  for (auto* it : l.awaiting_cts) {
+    withdraw_offer(l, *it);
+    fail_pending(it);
+  }
   l.awaiting_cts.clear();
   for (std::size_t i = 0; i < l.frames.size(); ++i)
     if (l.frames[i].item) fail_pending(l.frames[i].item);

@@ -82,6 +82,9 @@ struct transport_options {
   // Polling yields the core between looks (set where the host's ranks
   // outnumber the cores: tcp/connect.hpp).
   bool shm_yield = false;
+  // Large messages to a rank of this host are read from the sender's
+  // buffer in one copy where the kernel allows (shm/single_copy.hpp).
+  bool shm_single_copy = true;
 };
 
 // The segment this rank shares with the ranks of its host (shm/), and who
@@ -321,25 +324,35 @@ class transport : public std::enable_shared_from_this<transport> {
                        [this](const io_item& i) { return !i.finished() && shm_link(i.peer); });
   }
 
-  // The host's arena (tcp/shm_arena.hpp, tcp/shm_links.hpp): null where
-  // not every rank is on this host.
-  shm::arena* host_arena();
-  bool arena_serves(const group_state& g) const;
-  void queue_for_arena(op_state& op);
-  void leave_arena(op_state& op);
-  op_state* arena_holder() const { return arena_first_; }
-  std::size_t next_arena_record();
-  std::size_t peek_arena_record() const { return arena_record_; }
-  // Whether this rank's last step in the arena saw every other rank
-  // arrive (else a call failed mid-step here).
-  bool arena_synced() const { return arena_synced_; }
-  void set_arena_synced(bool s) { arena_synced_ = s; }
+  // An arena this rank meets its group in (tcp/shm_arena.hpp): the host's,
+  // for the world group where every rank is on this host, or a group's
+  // own (shm/arena.hpp). The calls queued for it (the first holds it: a
+  // list through op_state), which of this rank's two records its next
+  // step uses, and whether its last step saw every other rank arrive
+  // (else a call failed mid-step here).
+  struct arena_seat {
+    std::uint64_t group = 0;
+    shm::arena arena;
+    op_state* first = nullptr;
+    op_state* last = nullptr;
+    std::size_t record = 0;
+    bool synced = true;
+    bool reading_rings = false;  // the holder waits for the readers
+
+    std::size_t next_record() { return std::exchange(record, record ^ 1); }
+  };
+  // The arena group `g` meets in (claimed the first time: groups whose
+  // ranks all share this host); null where it has none.
+  arena_seat* arena_of(const group_state& g);
+  bool arena_serves(const group_state& g) { return arena_of(g) != nullptr; }
+  void queue_for_arena(arena_seat& seat, op_state& op);
+  void leave_arena(arena_seat& seat, op_state& op);
   void ring_local_peers();
   bool arena_peer_gone(op_state& op, int peer);
-  // A step ends once the frames each peer wrote to this rank before it
+  // A step ends once the frames each member wrote to this rank before it
   // arrived there are read (and handled), as over one ordered link.
-  void note_arena_rings();
-  bool arena_rings_read();
+  void note_arena_rings(const op_state& op);
+  bool arena_rings_read(arena_seat& seat, const op_state& op);
   bool report_refused_send_in_arena(op_state& op);
   void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
 
@@ -445,6 +458,8 @@ class transport : public std::enable_shared_from_this<transport> {
   bool spin_shm(Pred pred);
   void close_bell_if_unused();
   void wake_arena_holder();
+  bool read_directly(peer_link& l, io_item& it, const wire_header& rts);
+  void withdraw_offer(peer_link& l, io_item& it);
 
   // Shutdown (tcp/shutdown.hpp).
   void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut);
@@ -493,15 +508,9 @@ class transport : public std::enable_shared_from_this<transport> {
   int shm_me_ = -1;
   std::vector<int> shm_peers_;
   asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
-  // The arena, where every rank is on this host; the calls queued for it
-  // (the first holds it: a list through op_state); which of this rank's
-  // two records the next step uses.
-  std::optional<shm::arena> arena_;
-  op_state* arena_first_ = nullptr;
-  op_state* arena_last_ = nullptr;
-  std::size_t arena_record_ = 0;
-  bool arena_synced_ = true;
-  bool arena_reading_rings_ = false;  // the holder waits for the readers
+  // The arenas this rank has a seat at (reserved once: calls hold
+  // pointers to them).
+  std::vector<arena_seat> arenas_;
   bool aborted_ = false;
   bool closed_ = false;
 };

@@ -43,8 +43,8 @@ struct algorithm_choice {
   // elements than ranks the small one runs, whatever the size.
   bool part_per_rank = false;
   // It also has algorithm::shared_memory (tcp/algorithms/shared_memory.hpp),
-  // which runs, whatever the size, where the group's ranks all share a
-  // host's arena (cpu_backend::via_arena), unless a call asks for another.
+  // which runs, whatever the size, where the group has an arena (its ranks
+  // all share a host: cpu_backend::via_arena), unless a call asks for another.
   bool shared_memory = false;
   // And algorithm::hierarchical (tcp/algorithms/hierarchical.hpp), which
   // runs, whatever the size, where the group spans hosts with several of

@@ -61,7 +61,7 @@ struct call_signature {
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   // A rooted operation with its confirmation (call.hpp): ranks must agree.
   std::uint8_t confirmed = 0;
-  // Runs in the host's arena (tcp/algorithms/shared_memory.hpp) rather
+  // Runs in its group's arena (tcp/algorithms/shared_memory.hpp) rather
   // than by messages: ranks must agree (a CUDA tensor staged whole does not).
   std::uint8_t arena = 0;
   std::uint8_t reserved[1] = {};
@@ -128,10 +128,13 @@ struct wire_header {
   std::uint64_t group = 0;
   std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
   std::uint32_t step = 0;
-  std::uint32_t reserved2 = 0;
+  // rts over shared memory: the sender's count of withdrawn offers
+  // (shm/single_copy.hpp); cts: 1 when the receiver read the payload itself.
+  std::uint32_t extra = 0;
   std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
   std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
-  std::uint64_t cookie2 = 0;  // cts: the receiver's id
+  std::uint64_t cookie2 = 0;  // cts: the receiver's id; rts over shared memory: the
+                              // sender's buffer, offered for a single copy (0: none)
 };
 static_assert(std::is_trivially_copyable_v<wire_header>);
 

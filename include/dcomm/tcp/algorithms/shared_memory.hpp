@@ -1,5 +1,5 @@
 // The collectives of a group whose ranks all share this host, through the
-// host's arena (shm/arena.hpp; the steps in tcp/shm_arena.hpp) instead of
+// group's arena (shm/arena.hpp; the steps in tcp/shm_arena.hpp) instead of
 // messages. Each step: every rank copies its part into its slot, arrives,
 // waits until every other rank arrived (one synchronisation), and reads
 // the slots it needs. Large buffers go a slot's worth per step.
