@@ -84,7 +84,7 @@ struct transport_options {
   bool shm_yield = false;
   // Large messages to a rank of this host are read from the sender's
   // buffer in one copy where the kernel allows (shm/single_copy.hpp).
-  bool shm_single_copy = true;
+  bool shm_single_copy = false;
 };
 
 // The segment this rank shares with the ranks of its host (shm/), and who
