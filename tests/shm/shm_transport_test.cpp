@@ -1,8 +1,11 @@
 // The shared memory links of the CPU backend (tcp/shm_links.hpp, shm/):
 // which peers get them, what a killed rank leaves behind, the doorbell and
-// the handover. The collective and point-to-point suites run over them too
+// the handover, the arenas (the host's and the groups'), large messages in
+// one copy. The collective and point-to-point suites run over them too
 // (every thread world of one process is one host; meson reruns them over
-// TCP only and as two hosts).
+// TCP only, as two hosts, and with single copy on).
+// Size: one translation unit for the shared memory component, over 600
+// lines: each Asio-heavy unit costs every CI build a minute.
 #include <dirent.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -66,6 +69,33 @@ bool forbid_reading_other_processes() {
   sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
   return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
          ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// A forked rank of a `world` of this host's ranks, shared memory links,
+// meeting at `master` (rank 0 listens on it).
+comm join_forked_world(dcomm::test::listening_socket& master, int rank, int world) {
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("DCOMM_TRANSPORT", "shm", 1);
+  if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+  return dcomm::init_process_group<dcomm::cpu_backend>({.timeout = std::chrono::seconds(30)});
+}
+
+// A forked rank's exit code for `op` after rank 2 was killed: 3 when it
+// fails with peer_lost naming rank 2, 4 for another failure, 0 if it works.
+template <class Op>
+int code_after_rank_2_died(int rank, Op op) {
+  try {
+    op();
+  } catch (const dcomm::error& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return e.code() == dcomm::errc::peer_lost && e.context().peers.find('2') != std::string::npos
+               ? 3
+               : 4;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -438,13 +468,7 @@ TEST_SUITE("shared memory") {
     dcomm::test::listening_socket master;
     const auto start = std::chrono::steady_clock::now();
     auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-      ::setenv("WORLD_SIZE", "4", 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("DCOMM_TRANSPORT", "shm", 1);
-      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+      auto c = join_forked_world(master, rank, 4);
       for (int p = 0; p < 4; ++p)
         if (p != rank && c.backend().link_to(p) != "shm") return 5;
       // Many arena steps (and larger than a ring, over the links).
@@ -458,16 +482,7 @@ TEST_SUITE("shared memory") {
         ::kill(::getpid(), SIGKILL);
       }
       std::this_thread::sleep_for(300ms);
-      try {
-        c.all_reduce(v, dcomm::sum, dcomm::blocking);
-      } catch (const dcomm::error& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return e.code() == dcomm::errc::peer_lost &&
-                       e.context().peers.find('2') != std::string::npos
-                   ? 3
-                   : 4;
-      }
-      return 0;
+      return code_after_rank_2_died(rank, [&] { c.all_reduce(v, dcomm::sum, dcomm::blocking); });
     });
     INFO(dcomm::test::describe(results));
     CHECK(results[2].signal == SIGKILL);
@@ -481,13 +496,7 @@ TEST_SUITE("shared memory") {
     dcomm::test::listening_socket master;
     const auto start = std::chrono::steady_clock::now();
     auto results = dcomm::test::fork_world(3, 60s, [&](int rank) {
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-      ::setenv("WORLD_SIZE", "3", 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("DCOMM_TRANSPORT", "shm", 1);
-      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+      auto c = join_forked_world(master, rank, 3);
       auto g = c.new_group({1, 2});  // group ranks 0 and 1 are global 1 and 2
       if (!g) {                      // stays until the others are done: it hosts the store
         std::this_thread::sleep_for(1s);
@@ -501,16 +510,7 @@ TEST_SUITE("shared memory") {
         ::kill(::getpid(), SIGKILL);
       }
       std::this_thread::sleep_for(300ms);
-      try {
-        g->all_reduce(v, dcomm::sum, dcomm::blocking);
-      } catch (const dcomm::error& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return e.code() == dcomm::errc::peer_lost &&
-                       e.context().peers.find('2') != std::string::npos
-                   ? 3
-                   : 4;
-      }
-      return 0;
+      return code_after_rank_2_died(rank, [&] { g->all_reduce(v, dcomm::sum, dcomm::blocking); });
     });
     INFO(dcomm::test::describe(results));
     CHECK(results[2].signal == SIGKILL);
@@ -604,14 +604,8 @@ TEST_SUITE("shared memory") {
       dcomm::test::listening_socket master;
       auto results = dcomm::test::fork_world(2, 60s, [&](int rank) {
         if (forbidden && rank == 1 && !forbid_reading_other_processes()) return 6;
-        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-        ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-        ::setenv("WORLD_SIZE", "2", 1);
-        ::setenv("RANK", std::to_string(rank).c_str(), 1);
-        ::setenv("DCOMM_TRANSPORT", "shm", 1);
         ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
-        if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-        auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+        auto c = join_forked_world(master, rank, 2);
         if (c.backend().link_to(1 - rank) != "shm") return 5;
         std::vector<std::int64_t> v(1 << 20);
         for (int round = 0; round < 2; ++round) {
