@@ -484,46 +484,52 @@ TEST_SUITE("tcp allocations") {
       std::vector<std::vector<tally>> tallies(world);
       DCOMM_REQUIRE_WORLD(
           world,
-          [&](comm& c, int r) -> asio::awaitable<void> {
-            const int n = c.size();
-            // Small sizes take recursive doubling, trees and direct exchanges;
-            // 384 Ki floats (1.5 MiB) rings and chains of several chunks.
-            for (std::size_t count : {std::size_t{16}, std::size_t{3} << 17}) {
-              const std::size_t all = count * static_cast<std::size_t>(n);
-              std::vector<float> a(all, 1.0f), b(all, 0.0f), block(count, 1.0f);
-              const std::string size = count == 16 ? " (small)" : " (large)";
-              // Every op once per round; buffers are reused, so the calls only
-              // allocate if dcomm does. One loop in this coroutine, no coroutine
-              // per round: the test's own frames would come from Asio's cache of
-              // two and count too.
-              std::uint64_t new0 = 0, heap0 = 0;
-              for (int i = 0; i < warmup + calls; ++i) {
-                if (i == warmup) {
-                  new0 = dcomm::test::new_calls_on_this_thread();
-                  heap0 = dcomm::test::heap_allocations_on_this_thread();
+          [&](comm& world_comm, int r) -> asio::awaitable<void> {
+            const int n = world_comm.size();
+            // The world, and a group of every rank (over shared memory: in an
+            // arena of its own).
+            auto group = co_await world_comm.split(0, r);
+            for (comm* target : {&world_comm, &*group})
+              // Small sizes take recursive doubling, trees and direct exchanges;
+              // 384 Ki floats (1.5 MiB) rings and chains of several chunks.
+              for (std::size_t count : {std::size_t{16}, std::size_t{3} << 17}) {
+                comm& c = *target;
+                const std::size_t all = count * static_cast<std::size_t>(n);
+                std::vector<float> a(all, 1.0f), b(all, 0.0f), block(count, 1.0f);
+                const std::string size = std::string(count == 16 ? " (small)" : " (large)") +
+                                         (target == &world_comm ? "" : " in a group");
+                // Every op once per round; buffers are reused, so the calls only
+                // allocate if dcomm does. One loop in this coroutine, no coroutine
+                // per round: the test's own frames would come from Asio's cache of
+                // two and count too.
+                std::uint64_t new0 = 0, heap0 = 0;
+                for (int i = 0; i < warmup + calls; ++i) {
+                  if (i == warmup) {
+                    new0 = dcomm::test::new_calls_on_this_thread();
+                    heap0 = dcomm::test::heap_allocations_on_this_thread();
+                  }
+                  co_await c.all_reduce(a, dcomm::sum);
+                  co_await c.broadcast(a, i % n);
+                  co_await c.reduce(a, i % n, dcomm::max);
+                  co_await c.all_gather(block, b);
+                  co_await c.reduce_scatter(a, block, dcomm::sum);
+                  co_await c.all_to_all(a, b);
+                  co_await c.gather(block, b, i % n);
+                  co_await c.scatter(b, block, i % n);
+                  co_await c.barrier();
+                  // Around the ring; odd ranks receive first, so that large
+                  // (rendezvous) sends cannot wait on each other in a circle.
+                  const int right = (r + 1) % n, left = (r + n - 1) % n;
+                  if (r % 2) co_await c.recv(b, left, 7);
+                  co_await c.send(a, right, 7);
+                  if (r % 2 == 0) co_await c.recv(b, left, 7);
                 }
-                co_await c.all_reduce(a, dcomm::sum);
-                co_await c.broadcast(a, i % n);
-                co_await c.reduce(a, i % n, dcomm::max);
-                co_await c.all_gather(block, b);
-                co_await c.reduce_scatter(a, block, dcomm::sum);
-                co_await c.all_to_all(a, b);
-                co_await c.gather(block, b, i % n);
-                co_await c.scatter(b, block, i % n);
+                tallies[static_cast<std::size_t>(r)].push_back(
+                    {"11 ops" + size, dcomm::test::new_calls_on_this_thread() - new0,
+                     dcomm::test::heap_allocations_on_this_thread() - heap0});
+                // No rank leaves (closing its links) while another still counts.
                 co_await c.barrier();
-                // Around the ring; odd ranks receive first, so that large
-                // (rendezvous) sends cannot wait on each other in a circle.
-                const int right = (r + 1) % n, left = (r + n - 1) % n;
-                if (r % 2) co_await c.recv(b, left, 7);
-                co_await c.send(a, right, 7);
-                if (r % 2 == 0) co_await c.recv(b, left, 7);
               }
-              tallies[static_cast<std::size_t>(r)].push_back(
-                  {"11 ops" + size, dcomm::test::new_calls_on_this_thread() - new0,
-                   dcomm::test::heap_allocations_on_this_thread() - heap0});
-              // No rank leaves (closing its links) while another still counts.
-              co_await c.barrier();
-            }
           },
           20s, links);
       for (int r = 0; r < world; ++r)
