@@ -357,7 +357,8 @@ inline bool transport::arena_peer_gone(op_state& op, int peer) {
 // Every peer has arrived at the step (its stamp was acquired): what its
 // ring to this rank holds now includes every frame it wrote before (a
 // report of a send of ours it refused, above all), which must fail this
-// call, not the next one.
+// call, not the next one. (The mark is the link's, not the arena's: a
+// step of another group's arena that notes later only asks for more.)
 inline void transport::note_arena_rings(const op_state& op) {
   for (int p : op.members) {
     if (p == rank_ || !shm_link(p)) continue;
