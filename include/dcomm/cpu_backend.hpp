@@ -476,8 +476,9 @@ class cpu_backend {
   // algorithm, the call asks for it or for none (op_options or DCOMM_ALGO),
   // and the group has an arena (its ranks all share this host: the world's
   // is the host's, another group claims its own while the host has one
-  // free); asked for elsewhere, it is refused on every rank alike. Whatever the size: measured
-  // faster than the links at every size (docs/communicator.md).
+  // free); asked for elsewhere, it is refused on every rank alike.
+  // Whatever the size: measured faster than the links at every size
+  // (docs/communicator.md).
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
     if (!tcp::algorithms_of(op).shared_memory) return false;
     const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);

@@ -491,7 +491,7 @@ TEST_SUITE("tcp allocations") {
             // The world, and a group of every rank (over shared memory: in an
             // arena of its own).
             auto group = co_await world_comm.split(0, r);
-            for (comm* target : {&world_comm, &*group})
+            for (comm* target : {&world_comm, &*group}) {
               // Small sizes take recursive doubling, trees and direct exchanges;
               // 384 Ki floats (1.5 MiB) rings and chains of several chunks.
               for (std::size_t count : {std::size_t{16}, std::size_t{3} << 17}) {
@@ -532,6 +532,7 @@ TEST_SUITE("tcp allocations") {
                 // No rank leaves (closing its links) while another still counts.
                 co_await c.barrier();
               }
+            }
           },
           20s, links);
       for (int r = 0; r < world; ++r)
