@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/await_task.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
@@ -226,11 +227,28 @@ class foreign_task_completer {
   Handler handler_;
 };
 
+// asio::use_awaitable_t<Executor>, and its Executor.
+template <typename Token>
+struct use_awaitable_traits {
+  static constexpr bool value = false;
+};
+template <typename Executor>
+struct use_awaitable_traits<asio::use_awaitable_t<Executor>> {
+  static constexpr bool value = true;
+  using executor_type = Executor;
+};
+template <typename Token>
+inline constexpr bool is_use_awaitable_v = use_awaitable_traits<Token>::value;
+
 template <typename T, typename Token>
 auto initiate(const asio::any_io_executor& ex, task<T> op, Token&& token, const char* operation,
               detail::clock::duration limit) {
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
     return run_blocking(ex, std::move(op), operation, limit);
+  } else if constexpr (is_use_awaitable_v<std::decay_t<Token>>) {
+    // Resumed at once when it ends inside its start (detail/await_task.hpp).
+    using executor = typename use_awaitable_traits<std::decay_t<Token>>::executor_type;
+    return await_task<T, executor>(ex, std::move(op));
   } else {
     return asio::async_initiate<Token, typename task_completion<T>::type>(
         [ex](auto handler, task<T> t) {

@@ -329,6 +329,47 @@ TEST_SUITE("completion tokens") {
     }
   }
 
+  // A co_awaited call that ends inside its start (world 1: nothing to wait
+  // for) resumes its coroutine at once, not through the scheduler
+  // (detail/await_task.hpp): a handler posted before the first call runs
+  // only after several calls, with its result, its value or its refusal.
+  // Yet the io_context is never starved: it runs within inline_turns calls.
+  TEST_CASE("co_await resumes at once when the call ends inside its start, yet lets others run") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        1,
+        [](comm& c) -> asio::awaitable<void> {
+          for (int kind = 0; kind < 4; ++kind) {
+            bool other_ran = false;
+            asio::post(co_await asio::this_coro::executor, [&] { other_ran = true; });
+            int calls = 0;
+            while (!other_ran) {
+              require(calls < 1000, "a handler posted before the calls never ran");
+              std::vector<float> v{2.0f, 3.0f};
+              if (kind == 0) {
+                co_await c.barrier();
+              } else if (kind == 1) {
+                co_await c.all_reduce(v, dcomm::sum);
+                require(v == std::vector<float>{2.0f, 3.0f}, "all_reduce's result");
+              } else if (kind == 2) {
+                auto all = co_await c.all_gather_object(std::string("x"));
+                require(all == std::vector<std::string>{"x"}, "all_gather_object's value");
+              } else {
+                auto [code, what] = co_await failure_of([&] { return c.broadcast(v, 7); });
+                require(code == dcomm::errc::invalid_argument && contains(what, "root"),
+                        "a refused broadcast's error");
+              }
+              ++calls;
+            }
+            INFO("kind " << kind << ": " << calls << " calls before the posted handler ran");
+            CHECK(calls > 1);
+            CHECK(calls <= dcomm::detail::await_task_detail::inline_turns);
+          }
+        },
+        o);
+  }
+
   TEST_CASE("a request's async_wait takes every token; as_request failures reach wait()") {
     DCOMM_TEST_DEADLINE(60s);
     run_world(way::default_token, [](comm& c, way) -> asio::awaitable<void> {
