@@ -245,10 +245,41 @@ bool transport::spin_shm(Pred pred) {
       shm::cpu_relax();
     if (((i & 15) == 15 || options_.shm_yield) && detail::clock::now() >= until) break;
   }
+  // The caller goes on working: the bell stays awake until the io_context
+  // gets to settle_bell, which it does before it could block (its
+  // scheduler runs what is queued first). Peers writing meanwhile ring no
+  // bell: back-to-back calls would otherwise cost each side an eventfd
+  // write and a wake-up per call. Queued on the io_context, not the
+  // strand: queued work holds a strand, and the next call could not start
+  // inside its caller.
+  auto* strand = detail::executor_target<detail::io_strand>(ex_);
+  if (found && strand) {
+    if (!bell_settling_) {
+      bell_settling_ = true;
+      detail::post_pooled(strand->get_inner_executor(), [self = shared_from_this()] {
+        auto* s = detail::executor_target<detail::io_strand>(self->ex_);
+        asio::dispatch(*s, asio::bind_allocator(detail::pool_allocator<void>{},
+                                                [self] { self->settle_bell(); }));
+      });
+    }
+    return true;
+  }
   bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   wake_arena_holder();
   return poll_shm() || found || pred();
+}
+
+// The bell asleep again after a spin that found what it waited for, then
+// a last look: a write made before this store is seen by the poll, one
+// made after rings the bell (as in listen_bell).
+inline void transport::settle_bell() {
+  bell_settling_ = false;
+  shm_->bell(static_cast<std::size_t>(shm_me_))
+      .state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  poll_shm();
+  wake_arena_holder();
 }
 
 // Once no shared memory link is open, the doorbell closes too (its

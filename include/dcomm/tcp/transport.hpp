@@ -456,6 +456,7 @@ class transport : public std::enable_shared_from_this<transport> {
   static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
   bool spin_shm(Pred pred);
+  void settle_bell();
   void close_bell_if_unused();
   void wake_arena_holder();
   bool read_directly(peer_link& l, io_item& it, const wire_header& rts);
@@ -508,6 +509,7 @@ class transport : public std::enable_shared_from_this<transport> {
   int shm_me_ = -1;
   std::vector<int> shm_peers_;
   asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
+  bool bell_settling_ = false;                      // settle_bell is posted
   // The arenas this rank has a seat at (reserved once: calls hold
   // pointers to them).
   std::vector<arena_seat> arenas_;
