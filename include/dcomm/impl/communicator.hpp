@@ -41,9 +41,9 @@ class comm_ops {
       checks().peer(dst, operation, in);
       check_options<Backend>(operation, o);
     });
-    return launch<void>(c_.rt_, operation, std::forward<Token>(token), bad,
-                        p2p_context(c_.group_, tag, o),
-                        [in, dst](Backend& b, const op_context& c) { return b.send(c, in, dst); });
+    return launch<void>(
+        c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
+        [in, dst](Backend& b, op_context c) { return b.send(std::move(c), in, dst); });
   }
   template <class Token>
   auto recv(const char* operation, tensor_view out, int src, int tag, op_options o,
@@ -55,7 +55,7 @@ class comm_ops {
     });
     return launch<void>(
         c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
-        [out, src](Backend& b, const op_context& c) { return b.recv(c, out, src); });
+        [out, src](Backend& b, op_context c) { return b.recv(std::move(c), out, src); });
   }
 
   // -------------------------------------------------------- collectives
@@ -64,7 +64,7 @@ class comm_ops {
   auto barrier(op_options o, Token&& token) const {
     std::exception_ptr bad;
     return collective<void>("barrier", o, bad, std::forward<Token>(token),
-                            [](Backend& b, const op_context& c) { return b.barrier(c); });
+                            [](Backend& b, op_context c) { return b.barrier(std::move(c)); });
   }
 
   template <class Token>
@@ -75,7 +75,7 @@ class comm_ops {
     });
     return collective<void>(
         "broadcast", o, bad, std::forward<Token>(token),
-        [v, root](Backend& b, const op_context& c) { return b.broadcast(c, v, root); });
+        [v, root](Backend& b, op_context c) { return b.broadcast(std::move(c), v, root); });
   }
 
   template <class E, class Op, class Token>
@@ -93,8 +93,8 @@ class comm_ops {
       }
     });
     return with_reducer<E>("reduce", op, in.type, bad, o, std::forward<Token>(token),
-                           [in, out, root](Backend& b, const op_context& c, reducer r) {
-                             return b.reduce(c, in, out, r, root);
+                           [in, out, root](Backend& b, op_context c, reducer r) {
+                             return b.reduce(std::move(c), in, out, r, root);
                            });
   }
 
@@ -109,8 +109,8 @@ class comm_ops {
       checks().no_partial_overlap(in, out, "all_reduce", in.data == out.data);
     });
     return with_reducer<E>("all_reduce", op, out.type, bad, o, std::forward<Token>(token),
-                           [in, out](Backend& b, const op_context& c, reducer r) {
-                             return b.all_reduce(c, in, out, r);
+                           [in, out](Backend& b, op_context c, reducer r) {
+                             return b.all_reduce(std::move(c), in, out, r);
                            });
   }
 
@@ -127,7 +127,7 @@ class comm_ops {
     });
     return collective<void>(
         "scatter", o, bad, std::forward<Token>(token),
-        [i, w, root](Backend& b, const op_context& c) { return b.scatter(c, i, w, root); });
+        [i, w, root](Backend& b, op_context c) { return b.scatter(std::move(c), i, w, root); });
   }
   // Every rank passes size() blocks; rank r's block r is written.
   template <class Token>
@@ -147,7 +147,7 @@ class comm_ops {
     });
     return collective<void>(
         "gather", o, bad, std::forward<Token>(token),
-        [i, w, root](Backend& b, const op_context& c) { return b.gather(c, i, w, root); });
+        [i, w, root](Backend& b, op_context c) { return b.gather(std::move(c), i, w, root); });
   }
   // Rank r's contribution is block r of its buffer.
   template <class Token>
@@ -165,7 +165,7 @@ class comm_ops {
     });
     return collective<void>(
         "all_gather", o, bad, std::forward<Token>(token),
-        [i, w](Backend& b, const op_context& c) { return b.all_gather(c, i, w); });
+        [i, w](Backend& b, op_context c) { return b.all_gather(std::move(c), i, w); });
   }
   template <class Token>
   auto all_gather_in_place(tensor_view v, op_options o, Token&& token) const {
@@ -182,8 +182,8 @@ class comm_ops {
                                   w.data == checks().own_block_start(i, w.count));
     });
     return with_reducer<E>("reduce_scatter", op, w.type, bad, o, std::forward<Token>(token),
-                           [i, w](Backend& b, const op_context& c, reducer r) {
-                             return b.reduce_scatter(c, i, w, r);
+                           [i, w](Backend& b, op_context c, reducer r) {
+                             return b.reduce_scatter(std::move(c), i, w, r);
                            });
   }
   // The result is written to block r of the buffer.
@@ -196,8 +196,8 @@ class comm_ops {
     const_tensor_view in = all;
     return with_reducer<E>(
         "reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
-        [in, mine = checks().own_block(all)](Backend& b, const op_context& c, reducer r) {
-          return b.reduce_scatter(c, in, mine, r);
+        [in, mine = checks().own_block(all)](Backend& b, op_context c, reducer r) {
+          return b.reduce_scatter(std::move(c), in, mine, r);
         });
   }
 
@@ -216,7 +216,7 @@ class comm_ops {
     });
     return collective<void>(
         "all_to_all", o, bad, std::forward<Token>(token),
-        [i, w](Backend& b, const op_context& c) { return b.all_to_all(c, i, w); });
+        [i, w](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, w); });
   }
   // Through a copy of the buffer: host memory is copied aside here; a
   // device backend gets in == out and keeps its own copy on the device.
@@ -233,7 +233,7 @@ class comm_ops {
     if (!bad) bad = check([&] { checks().multiple_of_size(v, "all_to_all"); });
     return collective<void>(
         "all_to_all", o, bad, std::forward<Token>(token),
-        [i, v, copy](Backend& b, const op_context& c) { return b.all_to_all(c, i, v); });
+        [i, v, copy](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, v); });
   }
 
   template <class E, class Token>
@@ -242,7 +242,7 @@ class comm_ops {
     output_allocator alloc = resizing(out);
     return collective<std::vector<std::size_t>>(
         "all_gather_v", o, bad, std::forward<Token>(token),
-        [i, alloc](Backend& b, const op_context& c) { return b.all_gather_v(c, i, alloc); });
+        [i, alloc](Backend& b, op_context c) { return b.all_gather_v(std::move(c), i, alloc); });
   }
 
   template <class E, class Token>
@@ -408,8 +408,8 @@ class comm_ops {
         if constexpr (std::is_void_v<E>) check_reduce_op(reduce_kind_of_v<Op>, type);
       });
     return collective<void>(operation, o, bad, std::forward<Token>(token),
-                            [op, type, f](Backend& b, const op_context& c) {
-                              return run_reduction<E>(b, c, op, type, f);
+                            [op, type, f](Backend& b, op_context c) {
+                              return run_reduction<E>(b, std::move(c), op, type, f);
                             });
   }
 

@@ -49,7 +49,7 @@ struct comm_closer {
 // Keeps the runtime (and so the backend) alive while the operation runs.
 template <class R, backend Backend, class F>
 task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, F f) {
-  co_return co_await f(*rt->backend, ctx);
+  co_return co_await f(*rt->backend, std::move(ctx));
 }
 
 template <class R>
@@ -74,7 +74,10 @@ request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const ch
 template <class R, backend Backend, class Token, class F>
 auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
                  Token&& token, std::exception_ptr bad, op_context ctx, F f) {
-  auto limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
+  // How long a blocking call may wait (a clock read only that token needs).
+  detail::clock::duration limit{};
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
+    limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
   auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), std::move(f));
   return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),
                           operation, limit);
@@ -103,7 +106,7 @@ task<void> run_reduction(Backend& b, op_context c, Op op, dtype type, F f) {
     r = make_reducer(op, type);  // refers to `op`, alive in this frame
   else
     r = make_reducer<E>(op);  // refers to `op`, alive in this frame
-  co_await f(b, c, r);
+  co_await f(b, std::move(c), r);
 }
 
 // The compile-time half of a reduction's checks: what the backend and the
