@@ -32,7 +32,7 @@ FLOORS = [
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
     # A backend's member bodies (Asio's impl/ style) are on the backend's floor.
     (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'),
-    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/shm/'),
+    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
     (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
@@ -42,7 +42,7 @@ FLOORS = [
 ]
 
 COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
-              'dcomm/shm/']
+              'dcomm/shm/', 'dcomm/trace/']
 # Component -> headers (or folders, ending in '/') of others it may include (the mesh finds its
 # peers through the store; the transport's links to ranks of its host are
 # shared memory; the host's ranks find their segment through the store).

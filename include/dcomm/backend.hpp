@@ -197,6 +197,7 @@ struct op_context {
   clock::time_point deadline{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
   CUstream_st* stream = nullptr;  // op_options::stream
+  clock::time_point issued{};     // when the call was made
 };
 
 // Makes the output of the _v collectives once the counts are known:

@@ -95,15 +95,25 @@ inline std::uint64_t take_sequence_number(group_state& group) {
 // the call completes with its refusal without reaching the backend).
 inline op_context collective_context(const std::shared_ptr<group_state>& group, const op_options& o,
                                      bool refused) {
-  return {group, refused ? 0 : take_sequence_number(*group),
-          detail::clock::now() + o.timeout.value_or(group->timeout), o.algorithm, o.stream};
+  const auto now = detail::clock::now();
+  return {group,
+          refused ? 0 : take_sequence_number(*group),
+          now + o.timeout.value_or(group->timeout),
+          o.algorithm,
+          o.stream,
+          now};
 }
 
 // A point-to-point operation: the tag where a collective has its number.
 inline op_context p2p_context(const std::shared_ptr<group_state>& group, int tag,
                               const op_options& o) {
-  return {group, static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
-          detail::clock::now() + o.timeout.value_or(group->timeout), o.algorithm, o.stream};
+  const auto now = detail::clock::now();
+  return {group,
+          static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
+          now + o.timeout.value_or(group->timeout),
+          o.algorithm,
+          o.stream,
+          now};
 }
 
 }  // namespace dcomm::detail

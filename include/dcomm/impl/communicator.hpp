@@ -43,7 +43,8 @@ class comm_ops {
     });
     return launch<void>(
         c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
-        [in, dst](Backend& b, op_context c) { return b.send(std::move(c), in, dst); });
+        [in, dst](Backend& b, op_context c) { return b.send(std::move(c), in, dst); },
+        trace::op_brief{.collective = false, .type = in.type, .count = in.count, .peer = dst});
   }
   template <class Token>
   auto recv(const char* operation, tensor_view out, int src, int tag, op_options o,
@@ -55,7 +56,8 @@ class comm_ops {
     });
     return launch<void>(
         c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
-        [out, src](Backend& b, op_context c) { return b.recv(std::move(c), out, src); });
+        [out, src](Backend& b, op_context c) { return b.recv(std::move(c), out, src); },
+        trace::op_brief{.collective = false, .type = out.type, .count = out.count, .peer = src});
   }
 
   // -------------------------------------------------------- collectives
@@ -75,7 +77,8 @@ class comm_ops {
     });
     return collective<void>(
         "broadcast", o, bad, std::forward<Token>(token),
-        [v, root](Backend& b, op_context c) { return b.broadcast(std::move(c), v, root); });
+        [v, root](Backend& b, op_context c) { return b.broadcast(std::move(c), v, root); },
+        brief(v, root));
   }
 
   template <class E, class Op, class Token>
@@ -92,10 +95,12 @@ class comm_ops {
         checks().no_partial_overlap(in, out, "reduce", in.data == out.data);
       }
     });
-    return with_reducer<E>("reduce", op, in.type, bad, o, std::forward<Token>(token),
-                           [in, out, root](Backend& b, op_context c, reducer r) {
-                             return b.reduce(std::move(c), in, out, r, root);
-                           });
+    return with_reducer<E>(
+        "reduce", op, in.type, bad, o, std::forward<Token>(token),
+        [in, out, root](Backend& b, op_context c, reducer r) {
+          return b.reduce(std::move(c), in, out, r, root);
+        },
+        brief(in, root));
   }
 
   template <class E, class Op, class Token>
@@ -108,10 +113,12 @@ class comm_ops {
                                   " elements, the input " + std::to_string(in.count));
       checks().no_partial_overlap(in, out, "all_reduce", in.data == out.data);
     });
-    return with_reducer<E>("all_reduce", op, out.type, bad, o, std::forward<Token>(token),
-                           [in, out](Backend& b, op_context c, reducer r) {
-                             return b.all_reduce(std::move(c), in, out, r);
-                           });
+    return with_reducer<E>(
+        "all_reduce", op, out.type, bad, o, std::forward<Token>(token),
+        [in, out](Backend& b, op_context c, reducer r) {
+          return b.all_reduce(std::move(c), in, out, r);
+        },
+        brief(in));
   }
 
   template <class Token>
@@ -127,7 +134,8 @@ class comm_ops {
     });
     return collective<void>(
         "scatter", o, bad, std::forward<Token>(token),
-        [i, w, root](Backend& b, op_context c) { return b.scatter(std::move(c), i, w, root); });
+        [i, w, root](Backend& b, op_context c) { return b.scatter(std::move(c), i, w, root); },
+        brief(w, root));
   }
   // Every rank passes size() blocks; rank r's block r is written.
   template <class Token>
@@ -147,7 +155,8 @@ class comm_ops {
     });
     return collective<void>(
         "gather", o, bad, std::forward<Token>(token),
-        [i, w, root](Backend& b, op_context c) { return b.gather(std::move(c), i, w, root); });
+        [i, w, root](Backend& b, op_context c) { return b.gather(std::move(c), i, w, root); },
+        brief(i, root));
   }
   // Rank r's contribution is block r of its buffer.
   template <class Token>
@@ -165,7 +174,7 @@ class comm_ops {
     });
     return collective<void>(
         "all_gather", o, bad, std::forward<Token>(token),
-        [i, w](Backend& b, op_context c) { return b.all_gather(std::move(c), i, w); });
+        [i, w](Backend& b, op_context c) { return b.all_gather(std::move(c), i, w); }, brief(i));
   }
   template <class Token>
   auto all_gather_in_place(tensor_view v, op_options o, Token&& token) const {
@@ -181,10 +190,12 @@ class comm_ops {
       checks().no_partial_overlap(i, w, "reduce_scatter",
                                   w.data == checks().own_block_start(i, w.count));
     });
-    return with_reducer<E>("reduce_scatter", op, w.type, bad, o, std::forward<Token>(token),
-                           [i, w](Backend& b, op_context c, reducer r) {
-                             return b.reduce_scatter(std::move(c), i, w, r);
-                           });
+    return with_reducer<E>(
+        "reduce_scatter", op, w.type, bad, o, std::forward<Token>(token),
+        [i, w](Backend& b, op_context c, reducer r) {
+          return b.reduce_scatter(std::move(c), i, w, r);
+        },
+        brief(i));
   }
   // The result is written to block r of the buffer.
   template <class E, class Op, class Token>
@@ -198,7 +209,8 @@ class comm_ops {
         "reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
         [in, mine = checks().own_block(all)](Backend& b, op_context c, reducer r) {
           return b.reduce_scatter(std::move(c), in, mine, r);
-        });
+        },
+        brief(in));
   }
 
   template <class Token>
@@ -216,7 +228,7 @@ class comm_ops {
     });
     return collective<void>(
         "all_to_all", o, bad, std::forward<Token>(token),
-        [i, w](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, w); });
+        [i, w](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, w); }, brief(i));
   }
   // Through a copy of the buffer: host memory is copied aside here; a
   // device backend gets in == out and keeps its own copy on the device.
@@ -233,7 +245,8 @@ class comm_ops {
     if (!bad) bad = check([&] { checks().multiple_of_size(v, "all_to_all"); });
     return collective<void>(
         "all_to_all", o, bad, std::forward<Token>(token),
-        [i, v, copy](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, v); });
+        [i, v, copy](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, v); },
+        brief(i));
   }
 
   template <class E, class Token>
@@ -242,7 +255,8 @@ class comm_ops {
     output_allocator alloc = resizing(out);
     return collective<std::vector<std::size_t>>(
         "all_gather_v", o, bad, std::forward<Token>(token),
-        [i, alloc](Backend& b, op_context c) { return b.all_gather_v(std::move(c), i, alloc); });
+        [i, alloc](Backend& b, op_context c) { return b.all_gather_v(std::move(c), i, alloc); },
+        brief(i));
   }
 
   template <class E, class Token>
@@ -390,10 +404,13 @@ class comm_ops {
   }
   template <class R, class Token, class F>
   auto collective(const char* operation, const op_options& o, std::exception_ptr bad, Token&& token,
-                  F f) const {
+                  F f, const trace::op_brief& brief = {}) const {
     auto ctx = context(operation, o, bad);
     return launch<R>(c_.rt_, operation, std::forward<Token>(token), bad, std::move(ctx),
-                     std::move(f));
+                     std::move(f), brief);
+  }
+  static trace::op_brief brief(const const_tensor_view& v, int root = -1) {
+    return {.collective = true, .type = v.type, .count = v.count, .peer = root};
   }
 
   // A reduction: its operator checked (at compile time where the element
@@ -401,16 +418,19 @@ class comm_ops {
   // operation's own frame.
   template <class E, class Op, class Token, class F>
   auto with_reducer(const char* operation, const Op& op, dtype type, std::exception_ptr bad,
-                    const op_options& o, Token&& token, F f) const {
+                    const op_options& o, Token&& token, F f,
+                    const trace::op_brief& shape = {}) const {
     check_reduction_statically<E, Backend, Op>();
     if (!bad)
       bad = check([&] {
         if constexpr (std::is_void_v<E>) check_reduce_op(reduce_kind_of_v<Op>, type);
       });
-    return collective<void>(operation, o, bad, std::forward<Token>(token),
-                            [op, type, f](Backend& b, op_context c) {
-                              return run_reduction<E>(b, std::move(c), op, type, f);
-                            });
+    return collective<void>(
+        operation, o, bad, std::forward<Token>(token),
+        [op, type, f](Backend& b, op_context c) {
+          return run_reduction<E>(b, std::move(c), op, type, f);
+        },
+        shape);
   }
 
   // The _v forms' output: resized to the total once the counts are known.
@@ -430,6 +450,7 @@ class comm_ops {
     g->rank = my_rank;
     g->timeout = c_.group_->timeout;
     g->name = "group " + format_ranks(g->ranks);
+    c_.rt_->recorder.name_group(g->id, g->name);
     return g;
   }
 

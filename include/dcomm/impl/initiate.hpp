@@ -16,6 +16,7 @@
 #include "dcomm/completion.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
+#include "dcomm/trace/flight_recorder.hpp"
 
 namespace dcomm {
 class store;
@@ -29,6 +30,7 @@ struct comm_runtime {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<io_thread> thread;  // when the backend runs on our own thread
   std::shared_ptr<store> rendezvous_store;
+  trace::flight_recorder recorder;  // this process's last operations, every group's
 };
 
 // Closes the connections when the last handle of every group is gone.
@@ -46,10 +48,62 @@ struct comm_closer {
   }
 };
 
-// Keeps the runtime (and so the backend) alive while the operation runs.
+// A failed operation's end in the flight recorder, and the dump that a
+// timeout, a lost peer, a mismatch or an abort writes to DCOMM_TRACE_DIR.
+template <backend Backend>
+void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exception_ptr e) {
+  int code = 0;
+  std::string reason = "failed";
+  try {
+    std::rethrow_exception(e);
+  } catch (const dcomm::error& x) {
+    if (x.code().category() == dcomm::error_category()) code = x.code().value();
+    reason = x.what();
+  } catch (...) {
+  }
+  rt.recorder.ended(trace_id, true, code, trace::coarse_steady_ns());
+  const auto c = static_cast<errc>(code);
+  if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
+    return;
+  const std::string path = trace::failure_dump_path(rt.backend->rank());
+  if (path.empty()) return;
+  try {
+    rt.recorder.dump(path, rt.backend->rank(), rt.backend->world_size(), reason);
+  } catch (const std::exception&) {
+    // The call's own failure is what the caller hears of.
+  }
+}
+
+// Keeps the runtime (and so the backend) alive while the operation runs,
+// and tells the flight recorder when it starts and ends.
 template <class R, backend Backend, class F>
-task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, F f) {
-  co_return co_await f(*rt->backend, std::move(ctx));
+task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, std::uint64_t trace_id,
+             F f) {
+  rt->recorder.started(trace_id);
+  std::exception_ptr failure;
+  try {
+    if constexpr (std::is_void_v<R>) {
+      co_await f(*rt->backend, std::move(ctx));
+      rt->recorder.ended(trace_id, false, 0, trace::coarse_steady_ns());
+      co_return;
+    } else {
+      R result = co_await f(*rt->backend, std::move(ctx));
+      rt->recorder.ended(trace_id, false, 0, trace::coarse_steady_ns());
+      co_return result;
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  record_failure(*rt, trace_id, failure);
+  std::rethrow_exception(failure);
+}
+
+// An accepted operation in the flight recorder.
+template <backend Backend>
+std::uint64_t record_queued(comm_runtime<Backend>& rt, const char* operation, const op_context& ctx,
+                            const trace::op_brief& brief) {
+  return rt.recorder.queued(ctx.group->id, ctx.seq, operation, brief, ctx.algorithm,
+                            trace::steady_ns(ctx.issued));
 }
 
 template <class R>
@@ -65,35 +119,39 @@ task<R> refuse_any(std::exception_ptr e) {
 
 template <backend Backend, class F>
 request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
-                      std::exception_ptr bad, op_context ctx, F f) {
+                      std::exception_ptr bad, op_context ctx, F f, const trace::op_brief& brief) {
   const auto deadline = ctx.deadline;
-  auto op = bad ? refuse_any<void>(bad) : hold<void>(rt, std::move(ctx), std::move(f));
+  const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
+  auto op = bad ? refuse_any<void>(bad) : hold<void>(rt, std::move(ctx), trace_id, std::move(f));
   return request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
 }
 
 template <class R, backend Backend, class Token, class F>
 auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
-                 Token&& token, std::exception_ptr bad, op_context ctx, F f) {
+                 Token&& token, std::exception_ptr bad, op_context ctx, F f,
+                 const trace::op_brief& brief) {
   // How long a blocking call may wait (a clock read only that token needs).
   detail::clock::duration limit{};
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
     limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
-  auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), std::move(f));
+  const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
+  auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), trace_id, std::move(f));
   return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),
                           operation, limit);
 }
 
 // Starts f(backend, ctx) (a coroutine returning task<R>), or completes with
 // `bad`, through the token: a completion token, or dcomm::as_request.
+// `brief`: what the flight recorder keeps of the call besides its identity.
 template <class R, backend Backend, class Token, class F>
 auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation, Token&& token,
-            std::exception_ptr bad, op_context ctx, F f) {
+            std::exception_ptr bad, op_context ctx, F f, const trace::op_brief& brief = {}) {
   if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
     static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
-    return start_request(rt, operation, bad, std::move(ctx), std::move(f));
+    return start_request(rt, operation, bad, std::move(ctx), std::move(f), brief);
   } else {
     return initiate_op<R>(rt, operation, std::forward<Token>(token), bad, std::move(ctx),
-                          std::move(f));
+                          std::move(f), brief);
   }
 }
 

@@ -1,0 +1,219 @@
+// The flight recorder (dcomm/trace/flight_recorder.hpp): what a rank's
+// operations leave in it, the dump's format, the dump a timeout writes to
+// DCOMM_TRACE_DIR, the ring going round, and copies taken while operations
+// are being recorded.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcomm/communicator.hpp"
+#include "dcomm/cpu_backend.hpp"
+#include "dcomm/thread_world.hpp"
+#include "dcomm/trace/flight_recorder.hpp"
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::test::comm;
+using dcomm::test::contains;
+using dcomm::test::require;
+using dcomm::trace::op_phase;
+
+namespace {
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The dump parses as JSON (Python's parser: meson's own interpreter) and
+// holds what `check` (a Python expression over `d`) says.
+bool json_holds(const std::filesystem::path& p, const std::string& check) {
+  const auto script = p.string() + ".check.py";
+  std::ofstream(script) << "import json, sys\nd = json.load(open(sys.argv[1]))\n"
+                        << "sys.exit(0 if (" << check << ") else 1)\n";
+  const std::string cmd = "python3 '" + script + "' '" + p.string() + "'";
+  return std::system(cmd.c_str()) == 0;
+}
+
+struct temporary_dir {
+  std::filesystem::path path;
+  temporary_dir() {
+    path = std::filesystem::temp_directory_path() /
+           ("dcomm-trace-test-" + std::to_string(::getpid()) + "-" +
+            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::filesystem::create_directories(path);
+  }
+  ~temporary_dir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("flight recorder") {
+  TEST_CASE("every operation is recorded: its group, number, shape and end") {
+    DCOMM_TEST_DEADLINE(60s);
+    temporary_dir dir;
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [&dir](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f, 2.0f, 3.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+          std::vector<std::int64_t> b(5, c.rank());
+          co_await c.broadcast(b, 1);
+          co_await c.barrier();
+          std::vector<double> m(4, 1.0);
+          if (c.rank() == 0)
+            co_await c.send(m, 1, 7);
+          else
+            co_await c.recv(m, 0, 7);
+          auto pair = co_await c.split(0, c.rank());
+          require(pair.has_value(), "split made no group");
+          co_await pair->all_reduce(v, dcomm::max);
+
+          const auto ops = c.trace_records();
+          // all_reduce, broadcast, barrier, send or recv, split (its own
+          // collectives inside are the backend's), the group's all_reduce.
+          require(ops.size() >= 6, "fewer records than operations");
+          const auto& ar = ops[0];
+          require(std::string(ar.operation) == "all_reduce" && ar.brief.collective &&
+                      ar.brief.type == dcomm::dtype::float32 && ar.brief.count == 3 &&
+                      ar.brief.peer == -1 && ar.seq == 0 && ar.phase == op_phase::done,
+                  "the all_reduce's record");
+          require(ar.queued_ns > 0 && ar.ended_ns >= ar.queued_ns, "the all_reduce's times");
+          const auto& bc = ops[1];
+          require(std::string(bc.operation) == "broadcast" && bc.brief.peer == 1 &&
+                      bc.brief.type == dcomm::dtype::int64 && bc.brief.count == 5 && bc.seq == 1,
+                  "the broadcast's record");
+          require(std::string(ops[2].operation) == "barrier" && ops[2].seq == 2,
+                  "the barrier's record");
+          const auto& p2p = ops[3];
+          require(std::string(p2p.operation) == (c.rank() == 0 ? "send" : "recv") &&
+                      !p2p.brief.collective && p2p.seq == 7 && p2p.brief.peer == 1 - c.rank() &&
+                      p2p.brief.type == dcomm::dtype::float64 && p2p.brief.count == 4,
+                  "the send's or recv's record");
+          const auto& last = ops.back();
+          require(std::string(last.operation) == "all_reduce" && last.seq == 0 &&
+                      last.group != ar.group && last.phase == op_phase::done,
+                  "the group's all_reduce: its own group and numbers");
+          for (const auto& r : ops) require(r.phase == op_phase::done, "an operation not done");
+
+          // The dump on demand parses, and says the same.
+          const auto path = dir.path / ("rank" + std::to_string(c.rank()) + ".json");
+          c.dump_trace(path.string());
+          require(
+              json_holds(path, "d['format']=='dcomm-flight-recorder/1' and d['rank']==" +
+                                   std::to_string(c.rank()) +
+                                   " and d['world_size']==2 and d['ops'][0]['op']=='all_reduce'"
+                                   " and d['ops'][0]['count']==3 and d['ops'][0]['state']=='done'"
+                                   " and d['ops'][1]['peer']==1 and d['ops'][1]['seq']==1"
+                                   " and [o['seq'] for o in d['ops'][:3]]==[0,1,2]"
+                                   " and any(g['name']=='the world group' for g in d['groups'])"
+                                   " and len(d['groups'])==2"),
+              "the dump: " + read_file(path));
+        },
+        o);
+  }
+
+  TEST_CASE("a timeout writes the dump to DCOMM_TRACE_DIR, naming the call that failed") {
+    DCOMM_TEST_DEADLINE(60s);
+    temporary_dir dir;
+    ::setenv("DCOMM_TRACE_DIR", dir.path.c_str(), 1);
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+          // Rank 1 never calls the second all_reduce: rank 0's times out
+          // (rank 1 stays until then, making no call).
+          if (c.rank() == 0) {
+            auto [code, what] = co_await dcomm::test::failure_of(
+                [&] { return c.with({.timeout = 500ms}).all_reduce(v, dcomm::sum); });
+            require(code == dcomm::errc::timeout, "no timeout: " + what);
+          } else {
+            asio::steady_timer pause(co_await asio::this_coro::executor, 1500ms);
+            co_await pause.async_wait(asio::use_awaitable);
+          }
+        },
+        o);
+    ::unsetenv("DCOMM_TRACE_DIR");
+    const auto path = dir.path / "dcomm-trace-rank0.json";
+    REQUIRE(std::filesystem::exists(path));
+    CHECK(json_holds(path,
+                     "d['rank']==0 and 'timed out' in d['reason']"
+                     " and [(o['op'],o['seq'],o['state']) for o in d['ops'][:2]]=="
+                     "[('all_reduce',0,'done'),('all_reduce',1,'failed')]"
+                     " and d['ops'][1]['error']=='timed out'"));
+    CHECK_FALSE(std::filesystem::exists(dir.path / "dcomm-trace-rank1.json"));
+  }
+
+  TEST_CASE("the ring keeps the last operations; capacity rounds up to a power of two") {
+    dcomm::trace::flight_recorder r(3);
+    CHECK(r.capacity() == 4);
+    for (std::uint64_t i = 0; i < 10; ++i) {
+      const auto id = r.queued(1, i, "barrier", {}, dcomm::algorithm::automatic, 100);
+      r.started(id);
+      if (i != 9) r.ended(id, i == 8, i == 8 ? static_cast<int>(dcomm::errc::peer_lost) : 0, 50);
+    }
+    const auto ops = r.snapshot();
+    REQUIRE(ops.size() == 4);
+    CHECK(ops.front().seq == 6);
+    CHECK(ops.back().seq == 9);
+    CHECK(ops[2].phase == op_phase::failed);
+    CHECK(ops[2].error == static_cast<int>(dcomm::errc::peer_lost));
+    CHECK(ops[2].ended_ns == 100);  // never before it was queued
+    CHECK(ops[3].phase == op_phase::started);
+    CHECK(ops[3].ended_ns == 0);
+    CHECK(contains(r.dump_json(0, 1, "why \"quoted\""), R"("reason": "why \"quoted\"")"));
+  }
+
+  TEST_CASE("a copy taken while operations are recorded holds only whole records") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::trace::flight_recorder r(1024);
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+      for (std::uint64_t i = 1; !stop.load(std::memory_order_relaxed); ++i) {
+        dcomm::trace::op_brief b{.collective = true, .count = i * 3, .peer = 1};
+        const auto id = r.queued(i, i * 5, "all_reduce", b, dcomm::algorithm::ring,
+                                 static_cast<std::int64_t>(i));
+        r.ended(id, false, 0, static_cast<std::int64_t>(i));
+        std::this_thread::yield();  // slow enough for a copy to see whole records
+      }
+    });
+    std::size_t seen = 0;
+    // Until the writer has gone round the ring many times (it starts late).
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (seen < 100000 && std::chrono::steady_clock::now() < until) {
+      for (const auto& op : r.snapshot()) {
+        const std::uint64_t i = op.group;
+        if (op.seq != i * 5 || op.brief.count != i * 3 ||
+            op.queued_ns != static_cast<std::int64_t>(i) ||
+            op.algorithm != dcomm::algorithm::ring) {
+          stop = true;
+          writer.join();
+          FAIL("a mixed record: group " << i << ", seq " << op.seq << ", count " << op.brief.count);
+        }
+        ++seen;
+      }
+    }
+    stop = true;
+    writer.join();
+    CHECK(seen > 0);
+  }
+}
