@@ -327,6 +327,45 @@ TEST_SUITE("tcp failures") {
     CHECK(errors[2].empty());
   }
 
+  // Issue 17's "which rank is stuck": a member that had not entered the
+  // timed-out call says where it is in the group, and since when.
+  TEST_CASE("a timeout says where each absent rank is: in which call, made how long ago") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(4, [](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<int> v{1};
+      co_await c.all_reduce(v, dcomm::sum);  // #0, everyone
+      if (r == 3) {                          // makes no call after #0
+        asio::steady_timer wait(co_await asio::this_coro::executor, 3500ms);
+        co_await wait.async_wait(asio::use_awaitable);
+        co_return;
+      }
+      // #1: a barrier that cannot end without rank 3.
+      dcomm::op_options slow{.timeout = 3s};
+      auto barrier = c.barrier(slow, dcomm::as_request);
+      if (r == 2) {  // stays in #1
+        auto [code, what] = co_await dcomm::test::failure_of([&] { return barrier.async_wait(); });
+        require(code != dcomm::errc{}, "the barrier without rank 3 ended");
+        co_return;
+      }
+      // #2, where ranks 0 and 1 time out.
+      dcomm::op_options quick{.timeout = 1s};
+      auto [code, what] =
+          co_await dcomm::test::failure_of([&] { return c.all_reduce(v, dcomm::sum, quick); });
+      auto ignored = co_await dcomm::test::failure_of([&] { return barrier.async_wait(); });
+      (void)ignored;
+      require(code == dcomm::errc::timeout, "no timeout: " + what);
+      throw std::runtime_error(what);
+    });
+    INFO(dcomm::test::summary(errors));
+    for (int r : {0, 1}) {
+      CHECK(contains(errors[r], "call #2"));
+      CHECK(contains(errors[r], "rank 2 had not entered this call: it is in barrier #1 (made "));
+      CHECK(contains(errors[r],
+                     "rank 3 had not entered this call: its last call in this group was #0 "
+                     "(this is #2), and it has made none since"));
+    }
+  }
+
   TEST_CASE("abort fails pending operations at once") {
     DCOMM_TEST_DEADLINE(60s);
     auto errors = dcomm::test::comm_world(

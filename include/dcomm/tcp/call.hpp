@@ -76,6 +76,7 @@ class call {
        const char* operation)
       : t_(t), group_(*ctx.group), op_(t.get_executor(), ctx.deadline) {
     op_.operation = operation;
+    op_.entered = ctx.issued;
     op_.collective = collective;
     op_.group = group_.id;
     op_.group_name = group_.name;

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -74,7 +77,12 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
         separator = "; ";
       };
       clause(silent, " did not answer a probe (stopped, hung, or blocking its thread?)");
-      clause(absent, " had not entered this call (still in an earlier one?)");
+      for (std::size_t i = 0; i < op.members.size(); ++i)
+        if (op.probe->answers[i] == call_progress::not_entered && op.members[i] != rank_ &&
+            !peer_lost(op.members[i])) {
+          detail += separator + whereabouts(op.members[i], op, op.probe->where[i]);
+          separator = "; ";
+        }
       clause(waiting_too, " waited in it too");
       clause(finished, " had finished it");
       note_cause(fail_reason::timeout, op.culprit);
@@ -126,6 +134,7 @@ inline bool transport::probe_group(op_state& op) {
   if (!op.collective || stopped()) return false;
   op.probe = std::make_unique<op_state::probe_answers>();
   op.probe->answers.assign(op.members.size(), call_progress{});
+  op.probe->where.assign(op.members.size(), group_whereabouts{});
   const wire_header h = call_frame(msg_kind::probe, op);
   for (int p : op.members) {
     if (p == rank_ || peer_lost(p)) continue;
@@ -144,9 +153,46 @@ inline void transport::on_probe_reply(int peer, const wire_header& h) {
     for (std::size_t i = 0; i < op->members.size(); ++i)
       if (op->members[i] == peer && op->probe->answers[i] == call_progress{}) {
         op->probe->answers[i] = static_cast<call_progress>(h.cookie);
+        op->probe->where[i] = {h.cookie2, h.sig.op, h.extra, h.bytes};
         if (--op->probe->awaited == 0) op->wake();
       }
   }
+}
+
+// Where this rank is in `group` (a probe's answer, group_whereabouts).
+inline void transport::tell_whereabouts(std::uint64_t group, wire_header& reply) const {
+  const op_state* oldest = nullptr;
+  for (const op_state* op = ops_; op; op = op->next_op)
+    if (op->collective && op->group == group && (!oldest || op->seq < oldest->seq)) oldest = op;
+  reply.cookie2 = 0;
+  reply.extra = 0;
+  if (oldest) {
+    reply.cookie2 = oldest->seq + 1;
+    reply.sig = oldest->sig;
+    const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(detail::clock::now() -
+                                                                           oldest->entered);
+    reply.extra = static_cast<std::uint32_t>(
+        std::clamp<std::int64_t>(ago.count(), 0, std::numeric_limits<std::uint32_t>::max()));
+  }
+  auto it = entered_.find(group);
+  reply.bytes = it == entered_.end() ? 0 : it->second;
+}
+
+// "it is in broadcast #56 of the group (made 31.2 s ago)", or where it
+// stopped: for a member that had not entered the timed-out call.
+inline std::string transport::whereabouts(int peer, const op_state& op,
+                                          const group_whereabouts& w) const {
+  std::string s = "rank " + std::to_string(peer) + " had not entered this call: ";
+  if (w.in_call) {
+    char ago[32];
+    std::snprintf(ago, sizeof ago, "%.1f s", static_cast<double>(w.entered_ms_ago) / 1000.0);
+    return s + "it is in " + name(w.op) + " #" + std::to_string(w.in_call - 1) + " (made " + ago +
+           " ago)";
+  }
+  if (w.calls_entered == 0) return s + "it has made no call in this group yet";
+  return s + "its last call in this group was #" + std::to_string(w.calls_entered - 1) +
+         " (this is #" + std::to_string(op.seq) + "), and it has made none since" +
+         " (busy outside dcomm?)";
 }
 
 // Where this rank is in call `seq` of `group` (a probe's answer).

@@ -142,6 +142,7 @@ struct op_state {
 
   asio::steady_timer timer;  // expires at the deadline; cancelled to wake the op
   detail::clock::time_point deadline;
+  detail::clock::time_point entered{};  // when the caller made the call
   std::exception_ptr failure;
   item_list items;
   // For messages, and for the fail frames a failed collective sends.
@@ -168,8 +169,10 @@ struct op_state {
   bool refused_send = false;
   // Set once the deadline passed and the group was probed (allocated then
   // only): each member's answer, by group rank.
+  // Each member's answer, and where it was in the group (a probe_reply).
   struct probe_answers {
     std::vector<call_progress> answers;  // {} : no answer yet
+    std::vector<group_whereabouts> where;
     int awaited = 0;
   };
   std::unique_ptr<probe_answers> probe;

@@ -358,6 +358,7 @@ inline void transport::on_control_frame(peer_link& l, int peer, const wire_heade
       wire_header reply = h;
       reply.kind = msg_kind::probe_reply;
       reply.cookie = static_cast<std::uint64_t>(progress_of(h.group, h.seq));
+      tell_whereabouts(h.group, reply);
       l.frames.push_back({reply, nullptr, 0, nullptr});
       return start_write(peer);
     }

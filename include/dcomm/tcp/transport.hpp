@@ -367,6 +367,8 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Where this rank is in call `seq` of `group` (a probe's answer).
   call_progress progress_of(std::uint64_t group, std::uint64_t seq) const;
+  void tell_whereabouts(std::uint64_t group, wire_header& reply) const;
+  std::string whereabouts(int peer, const op_state& op, const group_whereabouts& w) const;
 
   // Errors that name the op, its group and sequence number.
   std::exception_ptr make_error(errc code, const op_state& op, std::string peers,

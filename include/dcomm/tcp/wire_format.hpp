@@ -115,6 +115,18 @@ inline const char* describe(fail_reason r) {
 // Where a rank is in a collective, as a probe_reply says (its cookie).
 enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
 
+// Where a rank is in the probed call's group, as a probe_reply also says:
+// the oldest collective of the group it is in (cookie2: its sequence
+// number plus one, 0 for none; sig: its signature; extra: milliseconds
+// since the rank made it) and how many of the group's calls it has
+// entered (bytes; a control frame has no payload).
+struct group_whereabouts {
+  std::uint64_t in_call = 0;  // sequence number + 1; 0: in none
+  coll_op op = coll_op::p2p;
+  std::uint32_t entered_ms_ago = 0;
+  std::uint64_t calls_entered = 0;
+};
+
 inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
 
 // Ranks of one job run the same build on the same architecture: the header
