@@ -59,14 +59,15 @@ run_tests() {
   # refusal of a token is tested there); the sanitizer build runs everything
   # under ASan+UBSan; TSan runs the suites where ranks of one process share
   # memory (the lock-free rings and the arena; the rest of the backend is one
-  # strand per rank). libtorch is
-  # built with g++ and not instrumented: the g++ build alone compiles
-  # against it (its headers cost a minute per translation unit).
+  # strand per rank), co_await's immediate resumption and the flight
+  # recorder. libtorch is built with g++ and not instrumented: the g++
+  # build alone compiles against it (its headers cost a minute per
+  # translation unit).
   local builds=(
     "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled||"
     "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups"
+    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"
