@@ -94,10 +94,10 @@ class communicator {
   // A timeout, a lost peer, a mismatch or an abort writes it on its own to
   // $DCOMM_TRACE_DIR/dcomm-trace-rank<r>.json where that is set.
   void dump_trace(const std::string& path) const {
-    rt_->recorder.dump(path, rt_->backend->rank(), rt_->backend->world_size(), "dump_trace");
+    rt_->recorder->dump(path, rt_->backend->rank(), rt_->backend->world_size(), "dump_trace");
   }
   // The same records, for a program's own use.
-  std::vector<trace::op_record> trace_records() const { return rt_->recorder.snapshot(); }
+  std::vector<trace::op_record> trace_records() const { return rt_->recorder->snapshot(); }
 
   // A handle to the same group whose operations use `o` where a call gives
   // no options of its own, field by field (a call's timeout, algorithm or
@@ -419,7 +419,7 @@ class communicator {
     g->rank = rt->backend->rank();
     for (int r = 0; r < rt->backend->world_size(); ++r) g->ranks.push_back(r);
     g->timeout = timeout;
-    rt->recorder.name_group(g->id, g->name);
+    rt->recorder->name_group(g->id, g->name);
     auto owner = std::shared_ptr<closer>(new closer{rt});
     return communicator(std::move(rt), std::move(owner), std::move(g));
   }

@@ -130,7 +130,24 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   rt->backend = std::move(backend);
   rt->thread = std::move(thread);
   rt->rendezvous_store = std::move(s);
+  dump_on_signal(*rt);
   co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
+}
+
+// With DCOMM_TRACE_DIR set, SIGUSR1 writes this process's flight recorder
+// there (trace/signal_dump.hpp).
+template <backend Backend>
+void dump_on_signal(comm_runtime<Backend>& rt) {
+  const int rank = rt.backend->rank(), world = rt.backend->world_size();
+  if (trace::failure_dump_path(rank).empty()) return;
+  rt.on_signal =
+      trace::signal_dump::start(rt.backend->get_executor(), [recorder = rt.recorder, rank, world] {
+        try {
+          recorder->dump(trace::failure_dump_path(rank), rank, world, "SIGUSR1");
+        } catch (const std::exception&) {
+          // Nobody to tell: the next signal tries again.
+        }
+      });
 }
 
 // Both entry points end in rethrow_as_dcomm_error: every failure is fixed

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -161,6 +162,36 @@ TEST_SUITE("flight recorder") {
                      "[('all_reduce',0,'done'),('all_reduce',1,'failed')]"
                      " and d['ops'][1]['error']=='timed out'"));
     CHECK_FALSE(std::filesystem::exists(dir.path / "dcomm-trace-rank1.json"));
+  }
+
+  TEST_CASE("SIGUSR1 writes every rank's dump to DCOMM_TRACE_DIR, while the calls go on") {
+    DCOMM_TEST_DEADLINE(60s);
+    temporary_dir dir;
+    ::setenv("DCOMM_TRACE_DIR", dir.path.c_str(), 1);
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [&dir](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+          co_await c.barrier();
+          if (c.rank() == 0) ::raise(SIGUSR1);
+          // Both ranks' files appear (each rank's executor writes its own).
+          const auto mine = dir.path / ("dcomm-trace-rank" + std::to_string(c.rank()) + ".json");
+          const auto until = std::chrono::steady_clock::now() + 20s;
+          while (!std::filesystem::exists(mine)) {
+            require(std::chrono::steady_clock::now() < until, "no dump after SIGUSR1");
+            asio::steady_timer pause(co_await asio::this_coro::executor, 10ms);
+            co_await pause.async_wait(asio::use_awaitable);
+          }
+          co_await c.barrier();
+          require(json_holds(mine,
+                             "d['reason']=='SIGUSR1' and [o['op'] for o in d['ops'][:2]]=="
+                             "['all_reduce','barrier']"),
+                  "the signal's dump: " + read_file(mine));
+        },
+        o);
+    ::unsetenv("DCOMM_TRACE_DIR");
   }
 
   TEST_CASE("the ring keeps the last operations; capacity rounds up to a power of two") {

@@ -17,6 +17,7 @@
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
+#include "dcomm/trace/signal_dump.hpp"
 
 namespace dcomm {
 class store;
@@ -30,7 +31,10 @@ struct comm_runtime {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<io_thread> thread;  // when the backend runs on our own thread
   std::shared_ptr<store> rendezvous_store;
-  trace::flight_recorder recorder;  // this process's last operations, every group's
+  // This process's last operations, every group's; shared with the
+  // SIGUSR1 dump, which may outlive the rest.
+  std::shared_ptr<trace::flight_recorder> recorder = std::make_shared<trace::flight_recorder>();
+  std::shared_ptr<trace::signal_dump> on_signal;  // where DCOMM_TRACE_DIR is set
 };
 
 // Closes the connections when the last handle of every group is gone.
@@ -38,6 +42,7 @@ template <backend Backend>
 struct comm_closer {
   std::shared_ptr<comm_runtime<Backend>> rt;
   ~comm_closer() {
+    if (rt->on_signal) rt->on_signal->stop();
     auto done = std::make_shared<std::promise<void>>();
     auto future = done->get_future();
     rt->backend->close([done] { done->set_value(); });
@@ -61,14 +66,14 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exce
     reason = x.what();
   } catch (...) {
   }
-  rt.recorder.ended(trace_id, true, code, trace::coarse_steady_ns());
+  rt.recorder->ended(trace_id, true, code, trace::coarse_steady_ns());
   const auto c = static_cast<errc>(code);
   if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
     return;
   const std::string path = trace::failure_dump_path(rt.backend->rank());
   if (path.empty()) return;
   try {
-    rt.recorder.dump(path, rt.backend->rank(), rt.backend->world_size(), reason);
+    rt.recorder->dump(path, rt.backend->rank(), rt.backend->world_size(), reason);
   } catch (const std::exception&) {
     // The call's own failure is what the caller hears of.
   }
@@ -79,16 +84,16 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exce
 template <class R, backend Backend, class F>
 task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, std::uint64_t trace_id,
              F f) {
-  rt->recorder.started(trace_id);
+  rt->recorder->started(trace_id);
   std::exception_ptr failure;
   try {
     if constexpr (std::is_void_v<R>) {
       co_await f(*rt->backend, std::move(ctx));
-      rt->recorder.ended(trace_id, false, 0, trace::coarse_steady_ns());
+      rt->recorder->ended(trace_id, false, 0, trace::coarse_steady_ns());
       co_return;
     } else {
       R result = co_await f(*rt->backend, std::move(ctx));
-      rt->recorder.ended(trace_id, false, 0, trace::coarse_steady_ns());
+      rt->recorder->ended(trace_id, false, 0, trace::coarse_steady_ns());
       co_return result;
     }
   } catch (...) {
@@ -102,8 +107,8 @@ task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, std::uin
 template <backend Backend>
 std::uint64_t record_queued(comm_runtime<Backend>& rt, const char* operation, const op_context& ctx,
                             const trace::op_brief& brief) {
-  return rt.recorder.queued(ctx.group->id, ctx.seq, operation, brief, ctx.algorithm,
-                            trace::steady_ns(ctx.issued));
+  return rt.recorder->queued(ctx.group->id, ctx.seq, operation, brief, ctx.algorithm,
+                             trace::steady_ns(ctx.issued));
 }
 
 template <class R>
