@@ -359,7 +359,7 @@ TEST_SUITE("tcp failures") {
     INFO(dcomm::test::summary(errors));
     // The first of ranks 0 and 1 to time out probes; the other hears its
     // verdict (failures spread), which names rank 2.
-    const int first = contains(errors[0], "had not entered") ? 0 : 1;
+    const int first = contains(errors[0], "had not entered this call:") ? 0 : 1;
     for (int r : {0, 1}) CHECK(contains(errors[r], "call #2"));
     for (int r : {0, 1}) CHECK(contains(errors[r], "rank 2"));
     CHECK(contains(errors[first], "rank 2 had not entered this call: it is in barrier #1 (made "));
