@@ -63,6 +63,13 @@ struct temporary_dir {
   }
 };
 
+// A temporary directory that DCOMM_TRACE_DIR names while it exists (unset
+// again even when the test fails).
+struct trace_dir : temporary_dir {
+  trace_dir() { ::setenv("DCOMM_TRACE_DIR", path.c_str(), 1); }
+  ~trace_dir() { ::unsetenv("DCOMM_TRACE_DIR"); }
+};
+
 }  // namespace
 
 TEST_SUITE("flight recorder") {
@@ -133,8 +140,7 @@ TEST_SUITE("flight recorder") {
 
   TEST_CASE("a timeout writes the dump to DCOMM_TRACE_DIR, naming the call that failed") {
     DCOMM_TEST_DEADLINE(60s);
-    temporary_dir dir;
-    ::setenv("DCOMM_TRACE_DIR", dir.path.c_str(), 1);
+    trace_dir dir;
     dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
     dcomm::run_thread_world<dcomm::cpu_backend>(
         2,
@@ -153,7 +159,6 @@ TEST_SUITE("flight recorder") {
           }
         },
         o);
-    ::unsetenv("DCOMM_TRACE_DIR");
     const auto path = dir.path / "dcomm-trace-rank0.json";
     REQUIRE(std::filesystem::exists(path));
     CHECK(json_holds(path,
@@ -166,8 +171,7 @@ TEST_SUITE("flight recorder") {
 
   TEST_CASE("SIGUSR1 writes every rank's dump to DCOMM_TRACE_DIR, while the calls go on") {
     DCOMM_TEST_DEADLINE(60s);
-    temporary_dir dir;
-    ::setenv("DCOMM_TRACE_DIR", dir.path.c_str(), 1);
+    trace_dir dir;
     dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
     dcomm::run_thread_world<dcomm::cpu_backend>(
         2,
@@ -191,7 +195,6 @@ TEST_SUITE("flight recorder") {
                   "the signal's dump: " + read_file(mine));
         },
         o);
-    ::unsetenv("DCOMM_TRACE_DIR");
   }
 
   TEST_CASE("the ring keeps the last operations; capacity rounds up to a power of two") {
