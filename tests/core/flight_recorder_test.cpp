@@ -215,6 +215,12 @@ TEST_SUITE("flight recorder") {
     CHECK(ops[3].phase == op_phase::started);
     CHECK(ops[3].ended_ns == 0);
     CHECK(contains(r.dump_json(0, 1, "why \"quoted\""), R"("reason": "why \"quoted\"")"));
+    // DCOMM_TRACE_BUFFER=0: nothing recorded (what the bench compares with).
+    dcomm::trace::flight_recorder off(0);
+    CHECK(off.capacity() == 0);
+    const auto none = off.queued(1, 0, "barrier", {}, dcomm::algorithm::automatic, 100);
+    off.ended(none, false, 0, 200);
+    CHECK(off.snapshot().empty());
   }
 
   TEST_CASE("a copy taken while operations are recorded holds only whole records") {

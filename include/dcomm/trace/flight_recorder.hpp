@@ -4,8 +4,8 @@
 // call each rank was in, which had ended, and when.
 //
 // Cost: a fixed ring of slots made once (DCOMM_TRACE_BUFFER entries,
-// rounded up to a power of two; default 1024), no allocation per operation. An operation takes the next
-// slot (one atomic add) and writes it with relaxed stores; its start and
+// rounded up to a power of two; default 1024; 0 turns it off), no allocation per operation. An
+// operation takes the next slot (one atomic add) and writes it with relaxed stores; its start and
 // end update it in place. A dump copies the ring while operations go on:
 // each slot carries its operation's id, cleared while the slot is
 // rewritten and published last, so a copy that raced a rewrite is dropped
@@ -108,9 +108,10 @@ class flight_recorder {
  public:
   static constexpr std::size_t default_capacity = 1024;
 
-  // Rounded up to a power of two (a slot is found by a mask, not a division).
+  // Rounded up to a power of two (a slot is found by a mask, not a
+  // division); 0 records nothing (to measure what recording costs).
   explicit flight_recorder(std::size_t capacity = capacity_from_environment())
-      : slots_(std::bit_ceil(capacity ? capacity : 1)), mask_(slots_.size() - 1) {}
+      : slots_(capacity ? std::bit_ceil(capacity) : 0), mask_(capacity ? slots_.size() - 1 : 0) {}
   flight_recorder(const flight_recorder&) = delete;
   flight_recorder& operator=(const flight_recorder&) = delete;
 
@@ -119,7 +120,7 @@ class flight_recorder {
     if (const char* v = std::getenv("DCOMM_TRACE_BUFFER")) {
       char* end = nullptr;
       const unsigned long long n = std::strtoull(v, &end, 10);
-      if (end != v && *end == '\0' && n > 0 && n <= (1u << 24)) return static_cast<std::size_t>(n);
+      if (end != v && *end == '\0' && n <= (1u << 24)) return static_cast<std::size_t>(n);
     }
     return default_capacity;
   }
@@ -134,6 +135,7 @@ class flight_recorder {
   // An accepted operation: its id, for started() and ended().
   std::uint64_t queued(std::uint64_t group, std::uint64_t seq, const char* operation,
                        const op_brief& b, dcomm::algorithm a, std::int64_t now_ns) {
+    if (slots_.empty()) return 0;
     const std::uint64_t id = next_.fetch_add(1, std::memory_order_relaxed) + 1;
     slot& s = at(id);
     s.id.store(0, std::memory_order_relaxed);
@@ -158,6 +160,7 @@ class flight_recorder {
   // The recorded operations, oldest first (those being rewritten left out).
   std::vector<op_record> snapshot() const {
     std::vector<op_record> out;
+    if (slots_.empty()) return out;
     const std::uint64_t last = next_.load(std::memory_order_acquire);
     const std::uint64_t first = last > slots_.size() ? last - slots_.size() + 1 : 1;
     out.reserve(static_cast<std::size_t>(last - first + 1));
@@ -263,11 +266,13 @@ class flight_recorder {
   const slot& at(std::uint64_t id) const { return slots_[static_cast<std::size_t>(id & mask_)]; }
 
   void set_outcome(std::uint64_t id, op_phase p, int error, std::int64_t now_ns) {
+    if (id == 0) return;  // not recorded
     slot& s = at(id);
     if (s.id.load(std::memory_order_relaxed) != id) return;  // overwritten: the ring went round
     // Never before it was queued (the coarse clock lags the precise one).
-    if (now_ns) s.ended_ns.store(std::max(now_ns, s.queued_ns.load(std::memory_order_relaxed)),
-                                 std::memory_order_relaxed);
+    if (now_ns)
+      s.ended_ns.store(std::max(now_ns, s.queued_ns.load(std::memory_order_relaxed)),
+                       std::memory_order_relaxed);
     s.outcome.store(pack_outcome(p, error), std::memory_order_relaxed);
   }
 
