@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(meson ninja-build pkg-config g++ clang libasio-dev doctest-dev libssl-dev zlib1g-dev
-          dataset-fashion-mnist libtorch-dev)
+          dataset-fashion-mnist libtorch-dev nlohmann-json3-dev)
 
 install_missing() {
   local missing=()

@@ -17,9 +17,16 @@
 // dcomm-run's environment or, on a single node, a fresh random one (none
 // where dcomm was built without OpenSSL; --no-auth: none at all). The ranks
 // die with dcomm-run (PR_SET_PDEATHSIG), even when it is killed by SIGKILL.
+//
+// --trace-dir DIR sets DCOMM_TRACE_DIR for the ranks (their flight recorders
+// dump there: docs/communicator.md). When the job fails, times out or is
+// interrupted, the ranks still running first get SIGUSR1 (each dumps what it
+// was doing; up to 2 s for their files), then the stop; once all have ended,
+// dcomm-run prints dcomm-trace's verdict over the dumps.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +61,8 @@ struct options {
   bool prefix = true;
   bool auth = true;
   double grace = 5;
-  double timeout = 0;  // 0: none
+  double timeout = 0;     // 0: none
+  std::string trace_dir;  // empty: none
   std::vector<std::string> command;
 };
 
@@ -63,7 +71,8 @@ struct options {
   std::fprintf(stderr,
                "usage: dcomm-run [-n N] [--nnodes N --node-rank I] [--master-addr ADDR]\n"
                "                 [--master-port PORT] [--no-prefix] [--no-auth]\n"
-               "                 [--grace SECONDS] [--timeout SECONDS] [--] PROGRAM [ARGS...]\n");
+               "                 [--grace SECONDS] [--timeout SECONDS] [--trace-dir DIR]\n"
+               "                 [--] PROGRAM [ARGS...]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
 
@@ -123,6 +132,8 @@ options parse(int argc, char** argv) {
       o.grace = to_seconds(a, v);
     else if (a == "--timeout")
       o.timeout = to_seconds(a, v);
+    else if (a == "--trace-dir")
+      o.trace_dir = v.empty() ? (usage(a + " needs a folder"), v) : v;
     else
       usage("unknown option " + a);
   }
@@ -184,6 +195,15 @@ bool pump(stream& s, const std::string& prefix) {
   s.partial.erase(0, start);
   if (!lines.empty()) write_all(s.out, lines);
   return true;
+}
+
+// A program installed (or built) in dcomm-run's own folder.
+std::string beside_this_program(const std::string& name) {
+  char path[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  std::string self(path, n > 0 ? static_cast<std::size_t>(n) : 0);
+  const auto slash = self.rfind('/');
+  return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
 }
 
 int exit_code_of(int status) {
@@ -261,12 +281,17 @@ class job {
     // Output first, so what a rank printed before failing comes out first.
     while (forward_output()) {
       reap_ranks();
-      if (received_signal && !ranks_.stopping()) pass_on_signal();
-      if (o_.timeout > 0 && !ranks_.stopping() &&
+      if (received_signal && !stopping()) pass_on_signal();
+      if (o_.timeout > 0 && !stopping() &&
           clock_type::now() - started > std::chrono::duration<double>(o_.timeout))
         stop_at_timeout();
+      if (stop_signal_ && dumps_are_in()) {
+        ranks_.stop(stop_signal_);
+        stop_signal_ = 0;
+      }
       ranks_.kill_overdue();
     }
+    if (!o_.trace_dir.empty() && exit_code_ != 0) print_verdict();
     return exit_code_;
   }
 
@@ -358,8 +383,68 @@ class job {
       std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
                    outputs_[local].rank, static_cast<int>(r.pid), how.c_str(), ranks_.running());
       std::fflush(stderr);
-      ranks_.stop(SIGTERM);
+      stop_ranks(SIGTERM);
     });
+  }
+
+  bool stopping() const { return stop_signal_ != 0 || ranks_.stopping(); }
+
+  // Stops the ranks with `sig`; with --trace-dir, SIGUSR1 first, and `sig`
+  // once their dumps are in (run's loop).
+  void stop_ranks(int sig) {
+    if (o_.trace_dir.empty()) {
+      ranks_.stop(sig);
+      return;
+    }
+    dumps_asked_ = std::chrono::system_clock::now();
+    ranks_.signal(SIGUSR1);
+    stop_signal_ = sig;
+  }
+
+  // Whether each running rank has written its dump since SIGUSR1 (file
+  // times are coarse: 100 ms of slack), or 2 s have passed.
+  bool dumps_are_in() const {
+    if (std::chrono::system_clock::now() - dumps_asked_ > std::chrono::seconds(2)) return true;
+    const auto since = dumps_asked_ - std::chrono::milliseconds(100);
+    for (std::size_t local = 0; local < ranks_.size(); ++local) {
+      if (!ranks_[local].running()) continue;
+      struct stat s {};
+      const std::string path =
+          o_.trace_dir + "/dcomm-trace-rank" + std::to_string(outputs_[local].rank) + ".json";
+      if (::stat(path.c_str(), &s) != 0) return false;
+      const auto written = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(s.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(s.st_mtim.tv_nsec)));
+      if (written < since) return false;
+    }
+    return true;
+  }
+
+  // dcomm-trace (beside dcomm-run) over the dumps, to stderr.
+  void print_verdict() const {
+    const std::string tool = beside_this_program("dcomm-trace");
+    if (::access(tool.c_str(), X_OK) != 0) {
+      std::fprintf(
+          stderr,
+          "dcomm-run: the ranks' flight recorder dumps are in %s (read them with dcomm-trace)\n",
+          o_.trace_dir.c_str());
+      return;
+    }
+    std::fprintf(stderr, "dcomm-run: what the ranks' flight recorders say (dcomm-trace %s):\n",
+                 o_.trace_dir.c_str());
+    std::fflush(stderr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(2, 1);
+      ::execl(tool.c_str(), tool.c_str(), o_.trace_dir.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    if (pid > 0) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
   }
 
   void pass_on_signal() {
@@ -367,7 +452,7 @@ class job {
                  ::strsignal(received_signal), ranks_.running());
     std::fflush(stderr);
     exit_code_ = 128 + received_signal;
-    ranks_.stop(received_signal);
+    stop_ranks(received_signal);
   }
 
   void stop_at_timeout() {
@@ -379,7 +464,7 @@ class job {
     std::fflush(stderr);
     exit_code_ = 124;
     failed_ = true;
-    ranks_.stop(SIGTERM);
+    stop_ranks(SIGTERM);
   }
 
   const options& o_;
@@ -388,7 +473,26 @@ class job {
   std::optional<clock_type::time_point> drain_until_;
   int exit_code_ = 0;
   bool failed_ = false;
+  int stop_signal_ = 0;  // to send once the ranks' dumps are in (--trace-dir)
+  std::chrono::system_clock::time_point dumps_asked_{};
 };
+
+// --trace-dir: made if missing, this node's ranks' old dumps removed (so
+// the verdict reads this job's), and named to the ranks.
+bool prepare_trace_dir(const options& o) {
+  if (o.trace_dir.empty()) return true;
+  if (::mkdir(o.trace_dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "dcomm-run: cannot make --trace-dir %s: %s\n", o.trace_dir.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+  for (int local = 0; local < o.nproc; ++local)
+    std::remove((o.trace_dir + "/dcomm-trace-rank" + std::to_string(o.node_rank * o.nproc + local) +
+                 ".json")
+                    .c_str());
+  ::setenv("DCOMM_TRACE_DIR", o.trace_dir.c_str(), 1);
+  return true;
+}
 
 }  // namespace
 
@@ -411,6 +515,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!prepare_trace_dir(o)) return 2;
   pass_signals_to_ranks();
   job j(o);
   if (!j.start(token, socket)) return 1;

@@ -131,7 +131,8 @@ TEST_SUITE("flight recorder") {
                                    " and d['ops'][0]['count']==3 and d['ops'][0]['state']=='done'"
                                    " and d['ops'][1]['peer']==1 and d['ops'][1]['seq']==1"
                                    " and [o['seq'] for o in d['ops'][:3]]==[0,1,2]"
-                                   " and any(g['name']=='the world group' for g in d['groups'])"
+                                   " and any(g['name']=='the world group' and g['ranks']==[0, 1]"
+                                   " for g in d['groups'])"
                                    " and len(d['groups'])==2"),
               "the dump: " + read_file(path));
         },

@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "dcomm/cpu_backend.hpp"
 #include "dcomm/detail/hmac.hpp"
+#include "dcomm/init_process_group.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "support/deadline.hpp"
 #include "support/process_probe.hpp"
@@ -111,6 +113,13 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
 // The values after `key=` on each line, in order.
 std::vector<std::string> values_of(const std::string& text, const std::string& key) {
   std::vector<std::string> values;
@@ -189,6 +198,65 @@ int as_rank() {
     std::fprintf(stderr, "rank failed: %s\n", e.what());
     return 1;
   }
+}
+
+// The rank program of the analyzer's tests (`launcher_tests --as-trace-rank
+// SCENARIO` under dcomm-run --trace-dir; world 3, 3 s deadlines). Every
+// rank makes barrier #0 and all_reduce #1; then, for call #2:
+//   sleeper:  rank 1 sleeps instead (until dcomm-run stops it)
+//   mismatch: rank 1 calls broadcast (root 0) where the others all_reduce
+//   killed:   rank 2 kills itself (SIGKILL)
+// A rank whose call fails says so and exits 1.
+int as_trace_rank(const std::string& scenario) {
+  try {
+    auto comm =
+        dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 3s});
+    std::vector<float> v(4, 1.0f);
+    comm.barrier(dcomm::blocking);
+    comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    const int rank = comm.rank();
+    if (scenario == "sleeper" && rank == 1) {
+      std::this_thread::sleep_for(60s);
+    } else if (scenario == "killed" && rank == 2) {
+      ::raise(SIGKILL);
+    } else if (scenario == "mismatch" && rank == 1) {
+      comm.broadcast(v, 0, dcomm::blocking);
+    } else {
+      comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    return 1;
+  }
+}
+
+// A fresh folder for a test's dumps.
+std::string temporary_folder() {
+  char name[] = "/tmp/dcomm-trace-test-XXXXXX";
+  REQUIRE(::mkdtemp(name) != nullptr);
+  return name;
+}
+
+struct trace_run {
+  result job;       // dcomm-run --trace-dir
+  result analyzer;  // dcomm-trace over the folder afterwards
+};
+
+// Runs the scenario's world of 3 under dcomm-run --trace-dir, then
+// dcomm-trace (beside dcomm-run) over the dumps.
+trace_run run_traced(const std::string& scenario) {
+  const std::string dir = temporary_folder();
+  trace_run t;
+  t.job = run({"-n", "3", "--grace", "5", "--timeout", "60", "--trace-dir", dir, self_path(),
+               "--as-trace-rank", scenario});
+  const std::string tool = launcher().substr(0, launcher().rfind('/') + 1) + "dcomm-trace";
+  // dcomm-trace is run through dcomm-run's own -n 1, as any program is.
+  t.analyzer = run({"-n", "1", "--no-prefix", tool, dir});
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return t;
 }
 
 }  // namespace
@@ -425,8 +493,79 @@ TEST_SUITE("launcher") {
   }
 }
 
+// dcomm-trace (tools/trace/verdict.hpp) over real dumps: dcomm-run
+// --trace-dir asks the ranks still running for theirs (SIGUSR1) when the job
+// fails, and prints the verdict; dcomm-trace says the same afterwards.
+TEST_SUITE("trace analyzer") {
+  TEST_CASE("a rank that stops making calls is named, with its last call") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("sleeper");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 1);
+    CHECK(has(t.job.err, "what the ranks' flight recorders say"));
+    const std::string verdict =
+        "rank 1 holds up the world group: it has not entered all_reduce #2 (ranks 0, 2 wait in "
+        "it); its last call there is all_reduce #1, done";
+    CHECK(has(t.job.err, verdict));
+    CHECK(t.analyzer.status == 0);
+    CHECK(has(t.analyzer.out, verdict));
+    // Rank 1 never failed: its dump is the one dcomm-run asked for.
+    const auto lines = lines_of(t.analyzer.out);
+    CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+      return l.starts_with("  rank 1 (pid ") && l.ends_with(") dumped on: SIGUSR1");
+    }));
+  }
+
+  TEST_CASE("ranks that make different calls: both calls side by side") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("mismatch");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 1);
+    CHECK(t.analyzer.status == 0);
+    CHECK(has(t.analyzer.out, "the ranks made different calls at #2 of the world group:"));
+    CHECK(has(t.analyzer.out, "rank 0: all_reduce float32 x 4; failed ("));
+    CHECK(has(t.analyzer.out, "rank 1: broadcast float32 x 4, root 0; failed ("));
+    CHECK(has(t.analyzer.out, "rank 2: all_reduce float32 x 4; failed ("));
+    CHECK(has(t.job.err, "the ranks made different calls at #2 of the world group:"));
+  }
+
+  TEST_CASE("a killed rank is named from the survivors' dumps") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("killed");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 128 + SIGKILL);
+    CHECK(t.analyzer.status == 0);
+    CHECK(has(t.analyzer.out, "rank 2: no dump"));
+    // Gone, if the survivors lost it before dcomm-run's SIGUSR1; else
+    // still waiting for it when they dumped.
+    CHECK((has(t.analyzer.out,
+               "rank 2 is gone: it left no dump, and ranks 0, 1 lost a peer in all_reduce #2 of "
+               "the world group") ||
+           has(t.analyzer.out,
+               "rank 2 left no dump while ranks 0, 1 waited in all_reduce #2 of the world group")));
+  }
+
+  TEST_CASE("dcomm-trace refuses what is not a dump, naming the file") {
+    DCOMM_TEST_DEADLINE(30s);
+    const std::string dir = temporary_folder();
+    const std::string tool = launcher().substr(0, launcher().rfind('/') + 1) + "dcomm-trace";
+    auto empty = run({"-n", "1", "--no-prefix", tool, dir});
+    CHECK(empty.status == 1);
+    CHECK(has(empty.err, "no dcomm-trace-rank*.json in " + dir));
+    std::ofstream(dir + "/dcomm-trace-rank0.json")
+        << "{\"format\": \"dcomm-flight-recorder/1\", \"rank\": ";
+    std::ofstream(dir + "/dcomm-trace-rank1.json") << "{\"format\": \"something else\"}";
+    auto bad = run({"-n", "1", "--no-prefix", tool, dir});
+    CHECK(bad.status == 1);
+    CHECK(has(bad.err, dir + "/dcomm-trace-rank0.json: not a readable dump"));
+    CHECK(has(bad.err, dir + "/dcomm-trace-rank1.json: not a flight recorder dump"));
+    std::system(("rm -rf '" + dir + "'").c_str());
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
+  if (argc == 3 && std::string(argv[1]) == "--as-trace-rank") return as_trace_rank(argv[2]);
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

@@ -450,7 +450,7 @@ class comm_ops {
     g->rank = my_rank;
     g->timeout = c_.group_->timeout;
     g->name = "group " + format_ranks(g->ranks);
-    c_.rt_->recorder->name_group(g->id, g->name);
+    c_.rt_->recorder->name_group(g->id, g->name, g->ranks);
     return g;
   }
 

@@ -14,10 +14,11 @@
 // The dump (format "dcomm-flight-recorder/1", JSON, one file per rank):
 //   { "format": "dcomm-flight-recorder/1", "rank": 0, "world_size": 4, "pid": 1234,
 //     "reason": "timeout in all_reduce", "clock": "steady_ns", "dumped_ns": 81234,
-//     "groups": [ {"id": "0x0", "name": "the world group"}, ... ],
+//     "groups": [ {"id": "0x0", "name": "the world group", "ranks": [0, 1, 2, 3]}, ... ],
 //     "ops": [ {"id": 1, "group": "0x0", "seq": 0, "op": "all_reduce", "collective": true,
 //               "dtype": "float32", "count": 1024, "peer": -1, "algorithm": "automatic",
 //               "state": "done", "queued_ns": 81000, "ended_ns": 81100, "error": ""}, ... ] }
+// a group's "ranks" are its members' world ranks, in group rank order;
 // ops oldest first; "seq" is a collective's sequence number in its group,
 // a send or receive's tag; "peer" the root, or the peer (group ranks), -1
 // where there is none; "state" queued (accepted, not yet running on the
@@ -126,10 +127,10 @@ class flight_recorder {
   }
   std::size_t capacity() const { return slots_.size(); }
 
-  // Names a group in dumps (once per group made).
-  void name_group(std::uint64_t id, std::string name) {
+  // Names a group in dumps, with its members (world ranks; once per group made).
+  void name_group(std::uint64_t id, std::string name, std::vector<int> ranks) {
     std::lock_guard lock(names_mutex_);
-    names_[id] = std::move(name);
+    names_[id] = group_entry{std::move(name), std::move(ranks)};
   }
 
   // An accepted operation: its id, for started() and ended().
@@ -190,7 +191,7 @@ class flight_recorder {
   // The dump (format above).
   std::string dump_json(int rank, int world_size, std::string_view reason) const {
     const auto ops = snapshot();
-    std::map<std::uint64_t, std::string> names;
+    std::map<std::uint64_t, group_entry> names;
     {
       std::lock_guard lock(names_mutex_);
       names = names_;
@@ -202,10 +203,12 @@ class flight_recorder {
     j << ", \"clock\": \"steady_ns\", \"dumped_ns\": "
       << steady_ns(std::chrono::steady_clock::now()) << ",\n \"groups\": [";
     bool first = true;
-    for (const auto& [id, n] : names) {
+    for (const auto& [id, g] : names) {
       j << (first ? "" : ", ") << "{\"id\": \"" << hex(id) << "\", \"name\": ";
-      quoted(j, n);
-      j << "}";
+      quoted(j, g.name);
+      j << ", \"ranks\": [";
+      for (std::size_t i = 0; i < g.ranks.size(); ++i) j << (i ? ", " : "") << g.ranks[i];
+      j << "]}";
       first = false;
     }
     j << "],\n \"ops\": [";
@@ -316,8 +319,12 @@ class flight_recorder {
   std::vector<slot> slots_;
   std::uint64_t mask_;
   std::atomic<std::uint64_t> next_{0};  // ids handed out so far
+  struct group_entry {
+    std::string name;
+    std::vector<int> ranks;
+  };
   mutable std::mutex names_mutex_;
-  std::map<std::uint64_t, std::string> names_;
+  std::map<std::uint64_t, group_entry> names_;
 };
 
 // Where a failure's dump goes: DCOMM_TRACE_DIR/dcomm-trace-rank<r>.json,
