@@ -420,6 +420,7 @@ class communicator {
     for (int r = 0; r < rt->backend->world_size(); ++r) g->ranks.push_back(r);
     g->timeout = timeout;
     rt->recorder->name_group(g->id, g->name, g->ranks);
+    if (rt->timeline) rt->timeline->name_group(g->id, g->name);
     auto owner = std::shared_ptr<closer>(new closer{rt});
     return communicator(std::move(rt), std::move(owner), std::move(g));
   }

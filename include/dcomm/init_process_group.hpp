@@ -110,6 +110,8 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
                                                      init_options<Backend> o,
                                                      std::shared_ptr<io_thread> thread) {
   const auto deadline = detail::clock::now() + o.timeout;
+  auto timeline =
+      trace::timeline::from_environment(rank);  // DCOMM_TRACE (refused before we connect)
   auto backend =
       co_await Backend::create(s, rank, world, o.job_token, store_host, o.backend, deadline);
   std::exception_ptr failure;
@@ -130,6 +132,7 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   rt->backend = std::move(backend);
   rt->thread = std::move(thread);
   rt->rendezvous_store = std::move(s);
+  rt->timeline = std::move(timeline);
   dump_on_signal(*rt);
   co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
 }

@@ -70,6 +70,14 @@ struct trace_dir : temporary_dir {
   ~trace_dir() { ::unsetenv("DCOMM_TRACE_DIR"); }
 };
 
+// DCOMM_TRACE set to `value` while it exists.
+struct timeline_variable {
+  explicit timeline_variable(const std::string& value) {
+    ::setenv("DCOMM_TRACE", value.c_str(), 1);
+  }
+  ~timeline_variable() { ::unsetenv("DCOMM_TRACE"); }
+};
+
 }  // namespace
 
 TEST_SUITE("flight recorder") {
@@ -196,6 +204,81 @@ TEST_SUITE("flight recorder") {
                   "the signal's dump: " + read_file(mine));
         },
         o);
+  }
+
+  TEST_CASE("DCOMM_TRACE: each rank's calls as Chrome trace events, one per call, in order") {
+    DCOMM_TEST_DEADLINE(60s);
+    temporary_dir dir;
+    timeline_variable on((dir.path / "job.json").string());
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f, 2.0f, 3.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+          std::vector<std::int64_t> b(5, c.rank());
+          co_await c.broadcast(b, 1);
+          co_await c.barrier();
+          std::vector<double> m(4, 1.0);
+          if (c.rank() == 0)
+            co_await c.send(m, 1, 7);
+          else
+            co_await c.recv(m, 0, 7);
+          auto single = co_await c.split(c.rank(), 0);  // a group of one each
+          require(single.has_value(), "split made no group");
+          co_await single->all_reduce(v, dcomm::max);
+          // A call that fails is on the timeline too.
+          std::vector<float> bad(c.rank() == 0 ? 1 : 2);
+          auto [code, what] =
+              co_await dcomm::test::failure_of([&] { return c.all_reduce(bad, dcomm::sum); });
+          require(code == dcomm::errc::mismatch, "no mismatch: " + what);
+        },
+        o);
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto path = dir.path / ("job-rank" + std::to_string(rank) + ".json");
+      INFO("rank ", rank, ": ", read_file(path));
+      REQUIRE(std::filesystem::exists(path));
+      const std::string r = std::to_string(rank);
+      CHECK(json_holds(
+          path,
+          "[(e['name'],e['args']['seq'],e['cat'],e['args']['state']) for e in d if e['ph']=='X']=="
+          "[('all_reduce',0,'collective','done'),('broadcast',1,'collective','done'),"
+          "('barrier',2,'collective','done'),"
+          "('" +
+              std::string(rank == 0 ? "send" : "recv") +
+              "',7,'point_to_point','done'),"
+              "('split',3,'collective','done'),('all_reduce',0,'collective','done'),"
+              "('all_reduce',4,'collective','failed')]"
+              " and all(e['pid']==" +
+              r +
+              " and e['dur']>=0 and e['ts']>0 for e in d if e['ph']=='X')"
+              " and [e['args']['bytes'] for e in d if e['ph']=='X'][:2]==[12,40]"
+              " and [e for e in d if e['ph']=='X'][1]['args']['peer']==1"
+              " and [e for e in d if e['ph']=='X'][5]['args']['group']!='0x0'"
+              " and {e['args']['name'] for e in d if e['name']=='thread_name'}>="
+              "{'the world group','the world group: send/recv'}"
+              " and [e['args']['name'] for e in d if e['name']=='process_name']==['rank " +
+              r +
+              "']"
+              " and [e for e in d if e['name']=='dcomm_clock'][0]['args']['steady_ns']>0"));
+    }
+  }
+
+  TEST_CASE("DCOMM_TRACE naming a file that cannot be written: init says so") {
+    DCOMM_TEST_DEADLINE(60s);
+    timeline_variable on("/nonexistent-dcomm-folder/job.json");
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    try {
+      dcomm::run_thread_world<dcomm::cpu_backend>(
+          1, [](comm&) -> asio::awaitable<void> { co_return; }, o);
+      FAIL("the world started");
+    } catch (const dcomm::error& e) {
+      // The thread world reports its rank's error (a system_error) as rank_failed.
+      CHECK(e.code() == dcomm::errc::rank_failed);
+      CHECK(contains(e.what(),
+                     "system call failed in DCOMM_TRACE (rank 0): cannot write the "
+                     "timeline to /nonexistent-dcomm-folder/job-rank0.json"));
+    }
   }
 
   TEST_CASE("the ring keeps the last operations; capacity rounds up to a power of two") {

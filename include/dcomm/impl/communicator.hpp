@@ -451,6 +451,7 @@ class comm_ops {
     g->timeout = c_.group_->timeout;
     g->name = "group " + format_ranks(g->ranks);
     c_.rt_->recorder->name_group(g->id, g->name, g->ranks);
+    if (c_.rt_->timeline) c_.rt_->timeline->name_group(g->id, g->name);
     return g;
   }
 

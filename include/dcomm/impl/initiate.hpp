@@ -18,6 +18,7 @@
 #include "dcomm/request.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
 #include "dcomm/trace/signal_dump.hpp"
+#include "dcomm/trace/timeline.hpp"
 
 namespace dcomm {
 class store;
@@ -35,6 +36,7 @@ struct comm_runtime {
   // SIGUSR1 dump, which may outlive the rest.
   std::shared_ptr<trace::flight_recorder> recorder = std::make_shared<trace::flight_recorder>();
   std::shared_ptr<trace::signal_dump> on_signal;  // where DCOMM_TRACE_DIR is set
+  std::shared_ptr<trace::timeline> timeline;      // where DCOMM_TRACE is set
 };
 
 // Closes the connections when the last handle of every group is gone.
@@ -50,13 +52,31 @@ struct comm_closer {
     // bounded by the backend) before the thread and its context stop.
     if (rt->thread && !detail::running_in_this_thread(rt->backend->get_executor()))
       future.wait_for(std::chrono::seconds(5));
+    if (rt->timeline) rt->timeline->close();
   }
 };
+
+// The end of an operation in the flight recorder and, where DCOMM_TRACE
+// is set, the timeline: that one needs the precise time (the recorder
+// makes do with the coarse clock).
+template <backend Backend>
+void record_end(comm_runtime<Backend>& rt, std::uint64_t trace_id, trace::timeline_event& ev,
+                int code = -1) {
+  const bool failed = code >= 0;
+  if (rt.timeline) {
+    ev.end_ns = trace::steady_ns(std::chrono::steady_clock::now());
+    ev.failed = failed;
+    rt.timeline->add(ev);
+  }
+  rt.recorder->ended(trace_id, failed, failed ? code : 0,
+                     rt.timeline ? ev.end_ns : trace::coarse_steady_ns());
+}
 
 // A failed operation's end in the flight recorder, and the dump that a
 // timeout, a lost peer, a mismatch or an abort writes to DCOMM_TRACE_DIR.
 template <backend Backend>
-void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exception_ptr e) {
+void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, trace::timeline_event& ev,
+                    std::exception_ptr e) {
   int code = 0;
   std::string reason = "failed";
   try {
@@ -66,7 +86,7 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exce
     reason = x.what();
   } catch (...) {
   }
-  rt.recorder->ended(trace_id, true, code, trace::coarse_steady_ns());
+  record_end(rt, trace_id, ev, code);
   const auto c = static_cast<errc>(code);
   if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
     return;
@@ -79,27 +99,35 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, std::exce
   }
 }
 
+// What the timeline will say of a call (where DCOMM_TRACE is set).
+template <backend Backend>
+trace::timeline_event timeline_entry(const comm_runtime<Backend>& rt, const char* operation,
+                                     const op_context& ctx, const trace::op_brief& brief) {
+  if (!rt.timeline) return {};
+  return {operation, ctx.group->id, ctx.seq, brief, ctx.algorithm, trace::steady_ns(ctx.issued)};
+}
+
 // Keeps the runtime (and so the backend) alive while the operation runs,
-// and tells the flight recorder when it starts and ends.
+// and tells the flight recorder (and the timeline) when it starts and ends.
 template <class R, backend Backend, class F>
 task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, std::uint64_t trace_id,
-             F f) {
+             trace::timeline_event ev, F f) {
   rt->recorder->started(trace_id);
   std::exception_ptr failure;
   try {
     if constexpr (std::is_void_v<R>) {
       co_await f(*rt->backend, std::move(ctx));
-      rt->recorder->ended(trace_id, false, 0, trace::coarse_steady_ns());
+      record_end(*rt, trace_id, ev);
       co_return;
     } else {
       R result = co_await f(*rt->backend, std::move(ctx));
-      rt->recorder->ended(trace_id, false, 0, trace::coarse_steady_ns());
+      record_end(*rt, trace_id, ev);
       co_return result;
     }
   } catch (...) {
     failure = std::current_exception();
   }
-  record_failure(*rt, trace_id, failure);
+  record_failure(*rt, trace_id, ev, failure);
   std::rethrow_exception(failure);
 }
 
@@ -127,7 +155,9 @@ request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const ch
                       std::exception_ptr bad, op_context ctx, F f, const trace::op_brief& brief) {
   const auto deadline = ctx.deadline;
   const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
-  auto op = bad ? refuse_any<void>(bad) : hold<void>(rt, std::move(ctx), trace_id, std::move(f));
+  auto ev = timeline_entry(*rt, operation, ctx, brief);
+  auto op =
+      bad ? refuse_any<void>(bad) : hold<void>(rt, std::move(ctx), trace_id, ev, std::move(f));
   return request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
 }
 
@@ -140,7 +170,8 @@ auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* o
   if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
     limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
   const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
-  auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), trace_id, std::move(f));
+  auto ev = timeline_entry(*rt, operation, ctx, brief);
+  auto op = bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), trace_id, ev, std::move(f));
   return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),
                           operation, limit);
 }
