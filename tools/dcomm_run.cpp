@@ -23,6 +23,10 @@
 // interrupted, the ranks still running first get SIGUSR1 (each dumps what it
 // was doing; up to 2 s for their files), then the stop; once all have ended,
 // dcomm-run prints dcomm-trace's verdict over the dumps.
+//
+// --timeline PATH sets DCOMM_TRACE for the ranks (each writes its calls as
+// Chrome trace events when its communicator closes); once the job has
+// ended, dcomm-trace merges this node's ranks' files into PATH.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -63,6 +67,7 @@ struct options {
   double grace = 5;
   double timeout = 0;     // 0: none
   std::string trace_dir;  // empty: none
+  std::string timeline;   // empty: none
   std::vector<std::string> command;
 };
 
@@ -72,7 +77,7 @@ struct options {
                "usage: dcomm-run [-n N] [--nnodes N --node-rank I] [--master-addr ADDR]\n"
                "                 [--master-port PORT] [--no-prefix] [--no-auth]\n"
                "                 [--grace SECONDS] [--timeout SECONDS] [--trace-dir DIR]\n"
-               "                 [--] PROGRAM [ARGS...]\n");
+               "                 [--timeline PATH] [--] PROGRAM [ARGS...]\n");
   std::exit(problem.empty() ? 0 : 2);
 }
 
@@ -132,9 +137,10 @@ options parse(int argc, char** argv) {
       o.grace = to_seconds(a, v);
     else if (a == "--timeout")
       o.timeout = to_seconds(a, v);
-    else if (a == "--trace-dir")
-      o.trace_dir = v.empty() ? (usage(a + " needs a folder"), v) : v;
-    else
+    else if (a == "--trace-dir" || a == "--timeline") {
+      if (v.empty()) usage(a + " needs a path");
+      (a == "--timeline" ? o.timeline : o.trace_dir) = v;
+    } else
       usage("unknown option " + a);
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
@@ -292,6 +298,7 @@ class job {
       ranks_.kill_overdue();
     }
     if (!o_.trace_dir.empty() && exit_code_ != 0) print_verdict();
+    if (!o_.timeline.empty()) merge_timeline();
     return exit_code_;
   }
 
@@ -423,21 +430,46 @@ class job {
 
   // dcomm-trace (beside dcomm-run) over the dumps, to stderr.
   void print_verdict() const {
-    const std::string tool = beside_this_program("dcomm-trace");
-    if (::access(tool.c_str(), X_OK) != 0) {
-      std::fprintf(
-          stderr,
-          "dcomm-run: the ranks' flight recorder dumps are in %s (read them with dcomm-trace)\n",
-          o_.trace_dir.c_str());
+    if (!have_trace_tool()) {
+      std::fprintf(stderr,
+                   "dcomm-run: the ranks' flight recorder dumps are in %s (read them with "
+                   "dcomm-trace)\n",
+                   o_.trace_dir.c_str());
       return;
     }
     std::fprintf(stderr, "dcomm-run: what the ranks' flight recorders say (dcomm-trace %s):\n",
                  o_.trace_dir.c_str());
+    run_trace_tool({o_.trace_dir});
+  }
+
+  // dcomm-trace --merge-timeline over this node's ranks' timelines.
+  void merge_timeline() const {
+    if (!have_trace_tool()) {
+      std::fprintf(stderr,
+                   "dcomm-run: the ranks' timelines are beside %s (merge them with dcomm-trace "
+                   "--merge-timeline)\n",
+                   o_.timeline.c_str());
+      return;
+    }
+    run_trace_tool({"--merge-timeline", o_.timeline});
+  }
+
+  static bool have_trace_tool() {
+    return ::access(beside_this_program("dcomm-trace").c_str(), X_OK) == 0;
+  }
+
+  // Runs dcomm-trace with `args`, its output to stderr, and waits for it.
+  static void run_trace_tool(std::vector<std::string> args) {
+    const std::string tool = beside_this_program("dcomm-trace");
+    args.insert(args.begin(), tool);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     std::fflush(stderr);
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::dup2(2, 1);
-      ::execl(tool.c_str(), tool.c_str(), o_.trace_dir.c_str(), static_cast<char*>(nullptr));
+      ::execv(tool.c_str(), argv.data());
       ::_exit(127);
     }
     if (pid > 0) {
@@ -494,6 +526,17 @@ bool prepare_trace_dir(const options& o) {
   return true;
 }
 
+// --timeline: this node's ranks' old timelines removed (the merge reads
+// this job's), and the path named to the ranks.
+void prepare_timeline(const options& o) {
+  if (o.timeline.empty()) return;
+  std::string stem = o.timeline;
+  if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
+  for (int local = 0; local < o.nproc; ++local)
+    std::remove((stem + "-rank" + std::to_string(o.node_rank * o.nproc + local) + ".json").c_str());
+  ::setenv("DCOMM_TRACE", o.timeline.c_str(), 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -516,6 +559,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!prepare_trace_dir(o)) return 2;
+  prepare_timeline(o);
   pass_signals_to_ranks();
   job j(o);
   if (!j.start(token, socket)) return 1;

@@ -206,6 +206,7 @@ int as_rank() {
 //   sleeper:  rank 1 sleeps instead (until dcomm-run stops it)
 //   mismatch: rank 1 calls broadcast (root 0) where the others all_reduce
 //   killed:   rank 2 kills itself (SIGKILL)
+//   clean:    every rank calls all_reduce (the job succeeds)
 // A rank whose call fails says so and exits 1.
 int as_trace_rank(const std::string& scenario) {
   try {
@@ -240,6 +241,21 @@ std::string temporary_folder() {
   return name;
 }
 
+// Whether the JSON file at `path` holds what `check` (a Python expression
+// over `d`) says: Python's parser, meson's own interpreter.
+bool json_holds(const std::string& path, const std::string& check) {
+  const std::string script = path + ".check.py";
+  std::ofstream(script) << "import json, sys\nd = json.load(open(sys.argv[1]))\n"
+                        << "sys.exit(0 if (" << check << ") else 1)\n";
+  const int status = std::system(("python3 '" + script + "' '" + path + "'").c_str());
+  std::remove(script.c_str());
+  return status == 0;
+}
+
+std::string trace_tool() {
+  return launcher().substr(0, launcher().rfind('/') + 1) + "dcomm-trace";
+}
+
 struct trace_run {
   result job;       // dcomm-run --trace-dir
   result analyzer;  // dcomm-trace over the folder afterwards
@@ -252,9 +268,8 @@ trace_run run_traced(const std::string& scenario) {
   trace_run t;
   t.job = run({"-n", "3", "--grace", "5", "--timeout", "60", "--trace-dir", dir, self_path(),
                "--as-trace-rank", scenario});
-  const std::string tool = launcher().substr(0, launcher().rfind('/') + 1) + "dcomm-trace";
   // dcomm-trace is run through dcomm-run's own -n 1, as any program is.
-  t.analyzer = run({"-n", "1", "--no-prefix", tool, dir});
+  t.analyzer = run({"-n", "1", "--no-prefix", trace_tool(), dir});
   std::system(("rm -rf '" + dir + "'").c_str());
   return t;
 }
@@ -548,7 +563,7 @@ TEST_SUITE("trace analyzer") {
   TEST_CASE("dcomm-trace refuses what is not a dump, naming the file") {
     DCOMM_TEST_DEADLINE(30s);
     const std::string dir = temporary_folder();
-    const std::string tool = launcher().substr(0, launcher().rfind('/') + 1) + "dcomm-trace";
+    const std::string tool = trace_tool();
     auto empty = run({"-n", "1", "--no-prefix", tool, dir});
     CHECK(empty.status == 1);
     CHECK(has(empty.err, "no dcomm-trace-rank*.json in " + dir));
@@ -559,6 +574,53 @@ TEST_SUITE("trace analyzer") {
     CHECK(bad.status == 1);
     CHECK(has(bad.err, dir + "/dcomm-trace-rank0.json: not a readable dump"));
     CHECK(has(bad.err, dir + "/dcomm-trace-rank1.json: not a flight recorder dump"));
+    std::system(("rm -rf '" + dir + "'").c_str());
+  }
+
+  TEST_CASE("dcomm-run --timeline: the ranks' calls merged into one trace, a track per rank") {
+    DCOMM_TEST_DEADLINE(90s);
+    const std::string dir = temporary_folder();
+    const std::string path = dir + "/job.json";
+    auto r = run({"-n", "3", "--timeout", "60", "--timeline", path, self_path(), "--as-trace-rank",
+                  "clean"});
+    INFO("dcomm-run's stderr:\n", r.err);
+    CHECK(r.status == 0);
+    CHECK(has(r.err, "dcomm-trace: merged the timelines of 3 rank(s) into " + path));
+    CHECK(json_holds(
+        path,
+        "sorted((e['pid'],e['args']['seq'],e['name']) for e in d['traceEvents'] if e['ph']=='X')"
+        "==[(p,s,n) for p in range(3) for s,n in [(0,'barrier'),(1,'all_reduce'),(2,'all_reduce')]]"
+        " and sorted(e['args']['name'] for e in d['traceEvents'] if e['name']=='process_name')=="
+        "['rank 0','rank 1','rank 2']"
+        " and d['otherData']['ranks_aligned_by_wall_clock']==[]"));
+    std::system(("rm -rf '" + dir + "'").c_str());
+  }
+
+  TEST_CASE("timelines of another boot are aligned through the wall clock") {
+    DCOMM_TEST_DEADLINE(30s);
+    const std::string dir = temporary_folder();
+    // Rank 1's host booted elsewhere: its steady clock reads 1000 s when
+    // rank 0's reads 5000 s (same wall clock): its times move by +4000 s.
+    const auto rank_file = [&](int rank, const char* boot, long long steady_ns) {
+      std::ofstream(dir + "/job-rank" + std::to_string(rank) + ".json")
+          << "[{\"name\": \"dcomm_clock\", \"ph\": \"M\", \"pid\": " << rank
+          << ", \"args\": {\"steady_ns\": " << steady_ns
+          << ", \"realtime_ns\": 9000000000000, \"boot_id\": \"" << boot << "\"}},"
+          << "{\"name\": \"barrier\", \"ph\": \"X\", \"pid\": " << rank
+          << ", \"tid\": 1, \"ts\": " << steady_ns / 1000 + 10 << ", \"dur\": 1.5}]\n";
+    };
+    rank_file(0, "boot-a", 5000000000000);
+    rank_file(1, "boot-b", 1000000000000);
+    rank_file(2, "boot-a", 5000000000000);
+    auto r = run({"-n", "1", "--no-prefix", trace_tool(), "--merge-timeline", dir + "/job.json"});
+    INFO(r.out, r.err);
+    CHECK(r.status == 0);
+    CHECK(has(r.out, "merged the timelines of 3 rank(s)"));
+    CHECK(has(r.out, "(rank 1 aligned by wall clock)"));
+    CHECK(json_holds(dir + "/job.json",
+                     "[e['ts'] for e in d['traceEvents'] if e['ph']=='X']=="
+                     "[5000000010.0, 5000000010.0, 5000000010.0]"
+                     " and d['otherData']['ranks_aligned_by_wall_clock']==[1]"));
     std::system(("rm -rf '" + dir + "'").c_str());
   }
 }
