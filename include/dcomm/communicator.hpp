@@ -99,6 +99,11 @@ class communicator {
   // The same records, for a program's own use.
   std::vector<trace::op_record> trace_records() const { return rt_->recorder->snapshot(); }
 
+  // Per operation, every group's calls of this process so far: calls,
+  // failures, bytes, and time from the call to its end (mean and
+  // quantiles, from one call in 16: trace/op_stats.hpp).
+  std::vector<trace::op_summary> stats() const { return rt_->stats.summary(); }
+
   // A handle to the same group whose operations use `o` where a call gives
   // no options of its own, field by field (a call's timeout, algorithm or
   // stream wins where it sets one; with() on such a handle adds to its

@@ -21,6 +21,7 @@
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/thread_world.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
+#include "dcomm/trace/op_stats.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
 
@@ -232,6 +233,9 @@ TEST_SUITE("flight recorder") {
           auto [code, what] =
               co_await dcomm::test::failure_of([&] { return c.all_reduce(bad, dcomm::sum); });
           require(code == dcomm::errc::mismatch, "no mismatch: " + what);
+          // On the timeline every call is timed for the statistics too.
+          for (const auto& s : c.stats())
+            require(s.timed == s.calls, "a call on the timeline not timed: " + s.operation);
         },
         o);
     for (int rank = 0; rank < 2; ++rank) {
@@ -279,6 +283,81 @@ TEST_SUITE("flight recorder") {
                      "system call failed in DCOMM_TRACE (rank 0): cannot write the "
                      "timeline to /nonexistent-dcomm-folder/job-rank0.json"));
     }
+  }
+
+  TEST_CASE("stats(): calls, failures and bytes of every operation; one call in 16 timed") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f, 2.0f, 3.0f};
+          for (int i = 0; i < 40; ++i) co_await c.all_reduce(v, dcomm::sum);
+          for (int i = 0; i < 5; ++i) co_await c.barrier();
+          std::vector<double> m(4, 1.0);
+          for (int i = 0; i < 3; ++i) {
+            if (c.rank() == 0)
+              co_await c.send(m, 1, i);
+            else
+              co_await c.recv(m, 0, i);
+          }
+          std::vector<float> bad(c.rank() == 0 ? 1 : 2);
+          auto [code, what] =
+              co_await dcomm::test::failure_of([&] { return c.all_reduce(bad, dcomm::sum); });
+          require(code == dcomm::errc::mismatch, "no mismatch: " + what);
+
+          const auto stats = c.stats();
+          const auto of = [&](const std::string& op) {
+            for (const auto& s : stats)
+              if (s.operation == op) return s;
+            throw std::runtime_error("no figures for " + op);
+          };
+          const auto ar = of("all_reduce");
+          require(ar.calls == 41 && ar.failed == 1, "all_reduce's calls and failures");
+          require(ar.bytes == 40 * 12 + bad.size() * 4, "all_reduce's bytes");
+          const auto br = of("barrier");
+          require(br.calls == 5 && br.failed == 0 && br.bytes == 0, "barrier's figures");
+          const auto p2p = of(c.rank() == 0 ? "send" : "recv");
+          require(p2p.calls == 3 && p2p.bytes == 3 * 32, "send's or recv's figures");
+          std::uint64_t calls = 0, timed = 0;
+          for (const auto& s : stats) {
+            calls += s.calls;
+            timed += s.timed;
+            if (s.timed)
+              require(s.mean_us > 0 && s.p50_us > 0 && s.p50_us <= s.p90_us &&
+                          s.p90_us <= s.p99_us && s.p99_us <= s.max_us,
+                      "the quantiles of " + s.operation);
+          }
+          require(timed == calls / 16, "not one call in 16 timed");
+        },
+        o);
+  }
+
+  TEST_CASE("stats' histogram: buckets a quarter of a power of two wide; quantiles from them") {
+    using dcomm::trace::op_stats;
+    for (std::uint64_t ns :
+         {0ull, 1ull, 3ull, 4ull, 5ull, 7ull, 8ull, 9ull, 1000ull, 123456ull, 1000000000ull}) {
+      const auto b = op_stats::bucket_of(ns);
+      CHECK(static_cast<double>(ns) < op_stats::bucket_top(b));
+      if (b > 0) CHECK(static_cast<double>(ns) >= op_stats::bucket_top(b - 1));
+      if (ns >= 4) CHECK(op_stats::bucket_top(b) <= 1.25 * static_cast<double>(ns) + 1);
+    }
+    op_stats s;
+    static const char* const op = "all_reduce";
+    for (int i = 0; i < 990; ++i) s.ended(op, 4, false, 1000);
+    for (int i = 0; i < 10; ++i) s.ended(op, 4, false, 100000);
+    s.ended(op, 4, true, -1);  // not timed
+    const auto r = s.summary();
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].calls == 1001);
+    CHECK(r[0].failed == 1);
+    CHECK(r[0].bytes == 4004);
+    CHECK(r[0].timed == 1000);
+    CHECK(r[0].mean_us == doctest::Approx(1.99));
+    CHECK(r[0].p50_us >= 1.0);
+    CHECK(r[0].p50_us <= 1.25);
+    CHECK(r[0].p99_us <= 1.25);
+    CHECK(r[0].max_us == doctest::Approx(100.0));
   }
 
   TEST_CASE("the ring keeps the last operations; capacity rounds up to a power of two") {
