@@ -79,6 +79,21 @@ struct timeline_variable {
   ~timeline_variable() { ::unsetenv("DCOMM_TRACE"); }
 };
 
+// all_reduce (float32 x 3), broadcast (int64 x 5 from rank 1), barrier, and
+// a send from rank 0 to rank 1 (float64 x 4, tag 7): collectives #0-#2.
+asio::awaitable<void> four_calls(comm& c) {
+  std::vector<float> v{1.0f, 2.0f, 3.0f};
+  co_await c.all_reduce(v, dcomm::sum);
+  std::vector<std::int64_t> b(5, c.rank());
+  co_await c.broadcast(b, 1);
+  co_await c.barrier();
+  std::vector<double> m(4, 1.0);
+  if (c.rank() == 0)
+    co_await c.send(m, 1, 7);
+  else
+    co_await c.recv(m, 0, 7);
+}
+
 }  // namespace
 
 TEST_SUITE("flight recorder") {
@@ -89,16 +104,8 @@ TEST_SUITE("flight recorder") {
     dcomm::run_thread_world<dcomm::cpu_backend>(
         2,
         [&dir](comm& c) -> asio::awaitable<void> {
+          co_await four_calls(c);
           std::vector<float> v{1.0f, 2.0f, 3.0f};
-          co_await c.all_reduce(v, dcomm::sum);
-          std::vector<std::int64_t> b(5, c.rank());
-          co_await c.broadcast(b, 1);
-          co_await c.barrier();
-          std::vector<double> m(4, 1.0);
-          if (c.rank() == 0)
-            co_await c.send(m, 1, 7);
-          else
-            co_await c.recv(m, 0, 7);
           auto pair = co_await c.split(0, c.rank());
           require(pair.has_value(), "split made no group");
           co_await pair->all_reduce(v, dcomm::max);
@@ -215,16 +222,8 @@ TEST_SUITE("flight recorder") {
     dcomm::run_thread_world<dcomm::cpu_backend>(
         2,
         [](comm& c) -> asio::awaitable<void> {
+          co_await four_calls(c);
           std::vector<float> v{1.0f, 2.0f, 3.0f};
-          co_await c.all_reduce(v, dcomm::sum);
-          std::vector<std::int64_t> b(5, c.rank());
-          co_await c.broadcast(b, 1);
-          co_await c.barrier();
-          std::vector<double> m(4, 1.0);
-          if (c.rank() == 0)
-            co_await c.send(m, 1, 7);
-          else
-            co_await c.recv(m, 0, 7);
           auto single = co_await c.split(c.rank(), 0);  // a group of one each
           require(single.has_value(), "split made no group");
           co_await single->all_reduce(v, dcomm::max);
