@@ -3,6 +3,10 @@
 // not builds; where a rank must speak dcomm, this very binary is the rank
 // program (`launcher_tests --as-rank ...`, see main). $DCOMM_RUN is the
 // launcher's path (set by meson).
+//
+// Size: dcomm-run's tests and the trace analyzer's (dcomm-trace run through
+// dcomm-run, with the same helpers and rank program) share this file: each
+// test executable costs a compile of the CPU backend per build.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fcntl.h>

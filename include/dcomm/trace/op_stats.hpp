@@ -45,8 +45,8 @@ class op_stats {
 
   // Whether the call now ending should be timed (one in 16).
   bool sample() noexcept {
-    const std::uint32_t t = tick_ + 1;
-    tick_ = t;
+    const std::uint32_t t = tick_.load(std::memory_order_relaxed) + 1;
+    tick_.store(t, std::memory_order_relaxed);
     return (t & 15) == 0;
   }
 
@@ -149,7 +149,7 @@ class op_stats {
     return bucket_top(buckets - 1) / 1e3;
   }
 
-  std::uint32_t tick_ = 0;
+  std::atomic<std::uint32_t> tick_{0};
   std::atomic<std::size_t> used_{0};
   std::array<entry, max_operations> entries_{};
 };
