@@ -67,7 +67,7 @@ run_tests() {
     "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled||"
     "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder"
+    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"

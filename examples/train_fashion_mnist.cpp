@@ -11,13 +11,17 @@
 // computes its gradients by hand; gradient_bucketer averages them while the
 // backward pass goes on (or, with --average per_tensor, the tutorial's
 // average_gradients: one all_reduce per parameter). Rank 0 prints each
-// epoch's loss, throughput and time, then the test accuracy, counted by
-// every rank on its shard of the test set and summed with all_reduce.
+// epoch's loss, throughput and time, the share of the ranks' time spent
+// waiting for communication, and the slowest rank (the one that called
+// the collectives last most often: comm.stats()); then the test accuracy,
+// counted by every rank on its shard of the test set and summed with
+// all_reduce.
 //
 // Options: --world N, --epochs 3, --lr 0.05, --momentum 0.9, --batch 128,
 // --seed 1234, --data DIR (/usr/share/datasets/fashion-mnist),
 // --train-limit N (use the first N training images), --average
-// bucketer|per_tensor.
+// bucketer|per_tensor, --slow-rank R --slow-ms MS (rank R sleeps MS
+// milliseconds per step, as a slow data loader would: a straggler to find).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +34,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fashion_mnist.hpp"
@@ -50,6 +55,8 @@ struct settings {
   std::string data = fashion_mnist::default_dir;
   std::size_t train_limit = 0;
   bool bucketer = true;
+  int slow_rank = -1;
+  int slow_ms = 0;
 };
 
 // ------------------------------------------------------------ model
@@ -112,6 +119,44 @@ struct gradients {
 
 // --------------------------------------------------------- training
 
+// The rank that called the collectives last most often since the previous
+// look (comm.stats(): measured from the calls' own messages), and by how
+// much on average.
+struct slowest_rank {
+  std::vector<std::uint64_t> last;
+  std::vector<double> late_us;  // total, per rank
+  std::uint64_t measured = 0;
+
+  std::string since_last(const dcomm::trace::comm_stats& now) {
+    last.resize(now.ranks.size());
+    late_us.resize(now.ranks.size());
+    int who = -1;
+    std::uint64_t most = 0;
+    double late = 0;
+    for (const auto& r : now.ranks) {
+      const auto i = static_cast<std::size_t>(r.rank);
+      const std::uint64_t n = r.last - last[i];
+      const double total = r.late_mean_us * static_cast<double>(r.last);
+      if (n > most) {
+        most = n;
+        who = r.rank;
+        late = (total - late_us[i]) / static_cast<double>(n);
+      }
+      last[i] = r.last;
+      late_us[i] = total;
+    }
+    const std::uint64_t calls = now.collectives_measured - measured;
+    measured = now.collectives_measured;
+    if (who < 0) return "no collectives between ranks";
+    char b[160];
+    std::snprintf(b, sizeof b,
+                  "slowest rank %d (last into %.0f%% of %llu collectives, %.2f ms late)", who,
+                  100.0 * static_cast<double>(most) / static_cast<double>(calls),
+                  static_cast<unsigned long long>(calls), late / 1e3);
+    return b;
+  }
+};
+
 using comm_t = dcomm::communicator<dcomm::cpu_backend>;
 
 struct trainer {
@@ -122,6 +167,7 @@ struct trainer {
   gradients grad;
   std::vector<std::vector<float>> velocity;
   std::vector<float> hidden, logits;  // per sample of a batch
+  double waited = 0;                  // seconds spent waiting for gradients to be averaged
 
   trainer(const settings& options, comm_t& c, const dataset& data)
       : s(options), comm(c), train(data), model(options.seed) {
@@ -141,6 +187,8 @@ struct trainer {
   // Gradients of the second layer are complete first: with the bucketer,
   // their all_reduce runs while the first layer's are computed.
   float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<dcomm::cpu_backend>* b) {
+    if (comm.rank() == s.slow_rank)
+      std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
     const std::size_t n = batch.size(), H = mlp::hidden, O = mlp::out;
     hidden.resize(n * H);
     logits.resize(n * O);
@@ -183,6 +231,7 @@ struct trainer {
       }
       for (std::size_t j = 0; j < H; ++j) grad.b1[j] += dh[j];
     }
+    const auto wait_start = std::chrono::steady_clock::now();
     if (b) {
       b->mark_ready(0);
       b->mark_ready(1);
@@ -190,6 +239,7 @@ struct trainer {
     } else {
       average_gradients();
     }
+    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     // SGD with momentum, as torch.optim.SGD: v = m v + g; p -= lr v.
     auto params = model.parameters();
     auto grads = grad.all();
@@ -235,9 +285,11 @@ int run(const settings& s) {
                            : "gradients averaged per tensor (the tutorial's average_gradients)");
   say(line);
   const auto start = std::chrono::steady_clock::now();
+  slowest_rank slowest;
   for (int epoch = 0; epoch < s.epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto epoch_start = std::chrono::steady_clock::now();
+    t.waited = 0;
     const auto& order = sampler.indices();
     double loss_sum = 0;
     std::size_t batches = 0;
@@ -246,13 +298,19 @@ int run(const settings& s) {
                                          std::min(local_batch, order.size() - at));
       loss_sum += t.step(batch, s.bucketer ? &bucketer : nullptr);
     }
-    // The epoch's loss averaged over ranks, as every rank sees it.
-    std::vector<double> mean{loss_sum / static_cast<double>(batches)};
+    // The epoch's loss and share of time waiting for communication,
+    // averaged over ranks, as every rank sees them.
+    const double busy =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    std::vector<double> mean{loss_sum / static_cast<double>(batches), t.waited / busy};
     comm.all_reduce(mean, dcomm::avg, dcomm::blocking);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    std::snprintf(line, sizeof line, "epoch %d: loss %.4f, %.0f images/s, %.1f s\n", epoch + 1,
-                  mean[0], static_cast<double>(sampler.total_size()) / seconds, seconds);
+    std::snprintf(line, sizeof line,
+                  "epoch %d: loss %.4f, %.0f images/s, %.1f s; waiting for communication %.0f%% "
+                  "of the time; %s\n",
+                  epoch + 1, mean[0], static_cast<double>(sampler.total_size()) / seconds, seconds,
+                  100.0 * mean[1], slowest.since_last(comm.stats()).c_str());
     say(line);
   }
 
@@ -299,6 +357,10 @@ settings parse(int argc, char** argv) {
       s.data = value();
     else if (a == "--train-limit")
       s.train_limit = std::stoull(value());
+    else if (a == "--slow-rank")
+      s.slow_rank = std::stoi(value());
+    else if (a == "--slow-ms")
+      s.slow_ms = std::stoi(value());
     else if (a == "--average") {
       auto v = value();
       if (v != "bucketer" && v != "per_tensor")

@@ -19,9 +19,11 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dcomm/completion.hpp"
+#include "dcomm/detail/arrivals.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/tensor.hpp"
@@ -187,6 +189,39 @@ struct group_state {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
+// Which transports carried an operation's data: a set, since a
+// collective across hosts of several ranks each uses shared memory inside
+// the hosts and TCP between them.
+struct transports {
+  static constexpr std::uint8_t tcp = 1, shm = 2, nccl = 4, mpi = 8;
+  std::uint8_t bits = 0;
+
+  // "tcp", "shm", "shm+tcp", "nccl", ...; "none" where no data moved (a
+  // group of one).
+  std::string names() const {
+    std::string s;
+    for (auto [bit, name] : {std::pair{shm, "shm"}, std::pair{tcp, "tcp"}, std::pair{nccl, "nccl"},
+                             std::pair{mpi, "mpi"}})
+      if (bits & bit) s += (s.empty() ? "" : "+") + std::string(name);
+    return s.empty() ? "none" : s;
+  }
+};
+
+// When the members of a collective called it, as far as this rank heard
+// from the call's own messages: the first and last call's times (this
+// rank's steady clock) and the world rank that called last
+// (detail/arrivals.hpp says how it travels).
+using call_arrivals = detail::arrivals;
+
+// What a backend says of an operation it ran, through op_context::report
+// (null: nobody asks): the front end's flight recorder, timeline and
+// stats() read it once the operation ends. Each field may stay as it is.
+struct op_report {
+  transports carried{};
+  dcomm::algorithm ran = dcomm::algorithm::automatic;  // automatic: not said
+  call_arrivals arrivals{};                            // collectives
+};
+
 // One operation as the front end hands it over.
 struct op_context {
   // The clock deadlines are measured on (std::chrono::steady_clock).
@@ -198,6 +233,8 @@ struct op_context {
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
   CUstream_st* stream = nullptr;  // op_options::stream
   clock::time_point issued{};     // when the call was made
+  // Filled as the operation runs; valid until it completes (may be null).
+  op_report* report = nullptr;
 };
 
 // Makes the output of the _v collectives once the counts are known:

@@ -99,10 +99,19 @@ class communicator {
   // The same records, for a program's own use.
   std::vector<trace::op_record> trace_records() const { return rt_->recorder->snapshot(); }
 
-  // Per operation, every group's calls of this process so far: calls,
+  // Every group's calls of this process so far: per operation, calls,
   // failures, bytes, and time from the call to its end (mean and
-  // quantiles, from one call in 16: trace/op_stats.hpp).
-  std::vector<trace::op_summary> stats() const { return rt_->stats.summary(); }
+  // quantiles, from one call in 16: trace/op_stats.hpp); per world rank,
+  // how often it called a collective last and how long after the first
+  // rank, measured from the calls' own messages (trace/stragglers.hpp).
+  trace::comm_stats stats() const {
+    trace::comm_stats s;
+    s.operations = rt_->stats.summary();
+    s.collectives_measured = rt_->stragglers.collectives_measured();
+    s.ranks = rt_->stragglers.ranks();
+    s.own_late_mean_us = rt_->stragglers.own_late_mean_us();
+    return s;
+  }
 
   // A handle to the same group whose operations use `o` where a call gives
   // no options of its own, field by field (a call's timeout, algorithm or
@@ -426,6 +435,7 @@ class communicator {
     g->timeout = timeout;
     rt->recorder->name_group(g->id, g->name, g->ranks);
     if (rt->timeline) rt->timeline->name_group(g->id, g->name);
+    rt->stragglers.set_world(rt->backend->world_size(), rt->backend->rank());
     auto owner = std::shared_ptr<closer>(new closer{rt});
     return communicator(std::move(rt), std::move(owner), std::move(g));
   }

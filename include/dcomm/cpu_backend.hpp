@@ -501,7 +501,10 @@ class cpu_backend {
   algorithm choose(tcp::call& c, coll_op op, tcp::call_size size = {}) const {
     const algorithm asked = c.signature().algo;
     const bool across_hosts = tcp::algorithms_of(op).hierarchical && c.hosts().spans();
-    if (auto a = tcp::choose(op, asked, size, c.size(), o_, across_hosts)) return *a;
+    if (auto a = tcp::choose(op, asked, size, c.size(), o_, across_hosts)) {
+      c.ran(*a);
+      return *a;
+    }
     c.invalid(tcp::refuse_algorithm(tcp::name(op), asked));
   }
   // The host algorithms of the element-wise collectives, on whole buffers

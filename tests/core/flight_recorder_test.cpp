@@ -233,7 +233,7 @@ TEST_SUITE("flight recorder") {
               co_await dcomm::test::failure_of([&] { return c.all_reduce(bad, dcomm::sum); });
           require(code == dcomm::errc::mismatch, "no mismatch: " + what);
           // On the timeline every call is timed for the statistics too.
-          for (const auto& s : c.stats())
+          for (const auto& s : c.stats().operations)
             require(s.timed == s.calls, "a call on the timeline not timed: " + s.operation);
         },
         o);
@@ -305,11 +305,12 @@ TEST_SUITE("flight recorder") {
               co_await dcomm::test::failure_of([&] { return c.all_reduce(bad, dcomm::sum); });
           require(code == dcomm::errc::mismatch, "no mismatch: " + what);
 
-          const auto stats = c.stats();
+          const auto all = c.stats();
+          const auto& stats = all.operations;
           const auto of = [&](const std::string& op) {
-            for (const auto& s : stats)
-              if (s.operation == op) return s;
-            throw std::runtime_error("no figures for " + op);
+            const auto* s = all.operation(op);
+            if (!s) throw std::runtime_error("no figures for " + op);
+            return *s;
           };
           const auto ar = of("all_reduce");
           require(ar.calls == 41 && ar.failed == 1, "all_reduce's calls and failures");

@@ -211,6 +211,8 @@ int as_rank() {
 //   mismatch: rank 1 calls broadcast (root 0) where the others all_reduce
 //   killed:   rank 2 kills itself (SIGKILL)
 //   clean:    every rank calls all_reduce (the job succeeds)
+//   straggler: 20 all_reduces, rank 1 calling each 20 ms after the others;
+//             then every rank dumps its recorder to DCOMM_TRACE_DIR itself
 // A rank whose call fails says so and exits 1.
 int as_trace_rank(const std::string& scenario) {
   try {
@@ -228,6 +230,12 @@ int as_trace_rank(const std::string& scenario) {
       ::raise(SIGKILL);
     } else if (scenario == "mismatch" && rank == 1) {
       comm.broadcast(v, 0, dcomm::blocking);
+    } else if (scenario == "straggler") {
+      for (int i = 0; i < 20; ++i) {
+        if (rank == 1) std::this_thread::sleep_for(20ms);
+        comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+      }
+      comm.dump_trace(dcomm::trace::failure_dump_path(rank));
     } else {
       comm.all_reduce(v, dcomm::sum, dcomm::blocking);
     }
@@ -562,6 +570,18 @@ TEST_SUITE("trace analyzer") {
                "the world group") ||
            has(t.analyzer.out,
                "rank 2 left no dump while ranks 0, 1 waited in all_reduce #2 of the world group")));
+  }
+
+  TEST_CASE("a rank that keeps calling last is named a straggler") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("straggler");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 0);
+    CHECK(t.analyzer.status == 0);
+    CHECK(has(t.analyzer.out, "rank 1 is a straggler: it called last in "));
+    CHECK(has(t.analyzer.out, " collectives rank 0 recorded, on average "));
+    CHECK_FALSE(has(t.analyzer.out, "rank 0 is a straggler"));
+    CHECK_FALSE(has(t.analyzer.out, "rank 2 is a straggler"));
   }
 
   TEST_CASE("dcomm-trace refuses what is not a dump, naming the file") {

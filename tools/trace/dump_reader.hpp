@@ -31,6 +31,9 @@ struct op_entry {
   std::string state;  // queued, started, done, failed
   std::int64_t queued_ns = 0, ended_ns = 0;
   std::string error;
+  // Who called it last, and how long after the first rank (-1: not known).
+  int last_caller = -1;
+  std::int64_t last_caller_after_ns = 0;
 
   bool pending() const { return state == "queued" || state == "started"; }
 };
@@ -96,6 +99,8 @@ inline rank_dump read_dump(const std::string& path) {
       e.queued_ns = o.value("queued_ns", std::int64_t{0});
       e.ended_ns = o.value("ended_ns", std::int64_t{0});
       e.error = o.value("error", std::string{});
+      e.last_caller = o.value("last_caller", -1);
+      e.last_caller_after_ns = o.value("last_caller_after_ns", std::int64_t{0});
       d.ops.push_back(std::move(e));
     }
     return d;

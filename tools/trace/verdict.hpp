@@ -2,7 +2,9 @@
 // each rank stood in each group, and a verdict: calls that differ between
 // ranks at one sequence number, ranks that are gone (no dump while the others
 // lost a peer), ranks that hold a group up (they have not entered the call
-// the others wait in), point-to-point calls left waiting.
+// the others wait in), point-to-point calls left waiting; and, for a job
+// that was slow rather than stuck, a rank that called the collectives last
+// most of the time (each record names the last caller: trace/stragglers.hpp).
 //
 // Times are each rank's own: "made 3.0 s before its dump" compares the
 // call's queued time with the dump's, both read on that rank's steady clock,
@@ -106,6 +108,7 @@ class analysis {
       if (!by_rank_.count(r)) out += "  rank " + std::to_string(r) + ": no dump\n";
     for (const auto& [id, g] : groups_) out += group_section(g);
     out += point_to_point_section();
+    find_straggler();
     out += "verdict:\n";
     bool any = false;
     for (const auto& kind : findings_)
@@ -227,6 +230,36 @@ class analysis {
     }
   }
 
+  // A rank that called last in at least 3/4 of the collectives a dump
+  // measured (8 at least), 1 ms or more after the first rank on average:
+  // from the first dump that measured any (every rank's records agree).
+  void find_straggler() {
+    for (const auto& d : dumps_) {
+      std::map<int, std::pair<std::size_t, std::int64_t>> last;  // rank -> (times, total ns)
+      std::size_t measured = 0;
+      for (const auto& o : d.ops)
+        if (o.collective && o.state == "done" && o.last_caller >= 0) {
+          ++measured;
+          auto& [times, ns] = last[o.last_caller];
+          ++times;
+          ns += o.last_caller_after_ns;
+        }
+      if (measured == 0) continue;
+      for (const auto& [rank, figures] : last) {
+        const auto [times, ns] = figures;
+        const double mean_ms = static_cast<double>(ns) / 1e6 / static_cast<double>(times);
+        if (measured < 8 || 4 * times < 3 * measured || mean_ms < 1.0) continue;
+        char b[64];
+        std::snprintf(b, sizeof b, "%.3f ms", mean_ms);
+        findings_[straggler].push_back(
+            "rank " + std::to_string(rank) + " is a straggler: it called last in " +
+            std::to_string(times) + " of the " + std::to_string(measured) + " collectives rank " +
+            std::to_string(d.rank) + " recorded, on average " + b + " after the first rank");
+      }
+      return;
+    }
+  }
+
   // Sends and receives that had not ended when their rank dumped.
   std::string point_to_point_section() {
     std::string out;
@@ -258,7 +291,7 @@ class analysis {
   int world_ = 0;
   std::map<int, const rank_dump*> by_rank_;
   std::map<std::uint64_t, group_entry> groups_;
-  enum finding_kind { differ, gone_away, behind, waiting, kinds };
+  enum finding_kind { differ, gone_away, behind, waiting, straggler, kinds };
   std::vector<std::string> findings_[kinds];
   std::set<int> reported_gone_;
 };

@@ -9,16 +9,19 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "dcomm/backend.hpp"
 #include "dcomm/completion.hpp"
+#include "dcomm/detail/log.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
 #include "dcomm/trace/op_stats.hpp"
 #include "dcomm/trace/signal_dump.hpp"
+#include "dcomm/trace/stragglers.hpp"
 #include "dcomm/trace/timeline.hpp"
 
 namespace dcomm {
@@ -39,6 +42,7 @@ struct comm_runtime {
   std::shared_ptr<trace::signal_dump> on_signal;  // where DCOMM_TRACE_DIR is set
   std::shared_ptr<trace::timeline> timeline;      // where DCOMM_TRACE is set
   trace::op_stats stats;                          // communicator::stats()
+  trace::straggler_stats stragglers;              // communicator::stats(), and the warning
 };
 
 // What a call's end tells the statistics (trace/op_stats.hpp).
@@ -46,6 +50,7 @@ struct call_note {
   const char* operation = "";
   std::uint64_t bytes = 0;
   std::int64_t issued_ns = 0;
+  bool collective = true;
 };
 
 // Closes the connections when the last handle of every group is gone.
@@ -69,28 +74,41 @@ struct comm_closer {
 // where DCOMM_TRACE is set, the timeline. A timed call (every call on the
 // timeline, one in 16 otherwise) reads the precise clock; the recorder
 // makes do with the coarse one otherwise. `code`: -1 for success, else
-// the errc of the failure (0: not a dcomm::error).
+// the errc of the failure (0: not a dcomm::error). `said`: the backend's
+// report of the call.
 template <backend Backend>
 void record_end(comm_runtime<Backend>& rt, std::uint64_t trace_id, const call_note& note,
-                trace::timeline_event& ev, int code = -1) {
+                trace::timeline_event& ev, const op_report& said, int code = -1) {
   const bool failed = code >= 0;
   const bool timed = rt.timeline || rt.stats.sample();
   const std::int64_t end =
       timed ? trace::steady_ns(std::chrono::steady_clock::now()) : trace::coarse_steady_ns();
+  const call_arrivals& a = said.arrivals;
   if (rt.timeline) {
     ev.end_ns = end;
     ev.failed = failed;
+    ev.carried = said.carried.bits;
+    ev.ran = said.ran;
+    if (a.others && a.known()) {
+      ev.last_caller = a.last_rank;
+      ev.first_call_ns = a.first_ns;
+      ev.last_call_ns = a.last_ns;
+    }
     rt.timeline->add(ev);
   }
   rt.stats.ended(note.operation, note.bytes, failed, timed ? end - note.issued_ns : -1);
-  rt.recorder->ended(trace_id, failed, failed ? code : 0, end);
+  if (note.collective && !failed && a.others) {
+    const std::string warning = rt.stragglers.measured(a, note.issued_ns, end);
+    if (!warning.empty()) detail::log(detail::log_level::warning, warning);
+  }
+  rt.recorder->ended(trace_id, failed, failed ? code : 0, end, said);
 }
 
 // A failed operation's end in the flight recorder, and the dump that a
 // timeout, a lost peer, a mismatch or an abort writes to DCOMM_TRACE_DIR.
 template <backend Backend>
 void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, const call_note& note,
-                    trace::timeline_event& ev, std::exception_ptr e) {
+                    trace::timeline_event& ev, const op_report& said, std::exception_ptr e) {
   int code = 0;
   std::string reason = "failed";
   try {
@@ -100,7 +118,7 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, const cal
     reason = x.what();
   } catch (...) {
   }
-  record_end(rt, trace_id, note, ev, code);
+  record_end(rt, trace_id, note, ev, said, code);
   const auto c = static_cast<errc>(code);
   if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
     return;
@@ -122,26 +140,29 @@ trace::timeline_event timeline_entry(const comm_runtime<Backend>& rt, const char
 }
 
 // Keeps the runtime (and so the backend) alive while the operation runs,
-// and tells the flight recorder (and the timeline) when it starts and ends.
+// and tells the flight recorder (and the timeline) when it starts and ends,
+// with what the backend said of it.
 template <class R, backend Backend, class F>
 task<R> hold(std::shared_ptr<comm_runtime<Backend>> rt, op_context ctx, std::uint64_t trace_id,
              call_note note, trace::timeline_event ev, F f) {
   rt->recorder->started(trace_id);
+  op_report said;
+  ctx.report = &said;
   std::exception_ptr failure;
   try {
     if constexpr (std::is_void_v<R>) {
       co_await f(*rt->backend, std::move(ctx));
-      record_end(*rt, trace_id, note, ev);
+      record_end(*rt, trace_id, note, ev, said);
       co_return;
     } else {
       R result = co_await f(*rt->backend, std::move(ctx));
-      record_end(*rt, trace_id, note, ev);
+      record_end(*rt, trace_id, note, ev, said);
       co_return result;
     }
   } catch (...) {
     failure = std::current_exception();
   }
-  record_failure(*rt, trace_id, note, ev, failure);
+  record_failure(*rt, trace_id, note, ev, said, failure);
   std::rethrow_exception(failure);
 }
 
@@ -170,7 +191,8 @@ request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const ch
   const auto deadline = ctx.deadline;
   const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
   auto ev = timeline_entry(*rt, operation, ctx, brief);
-  const call_note note{operation, brief.count * size_of(brief.type), trace::steady_ns(ctx.issued)};
+  const call_note note{operation, brief.count * size_of(brief.type), trace::steady_ns(ctx.issued),
+                       brief.collective};
   auto op = bad ? refuse_any<void>(bad)
                 : hold<void>(rt, std::move(ctx), trace_id, note, ev, std::move(f));
   return request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
@@ -186,7 +208,8 @@ auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* o
     limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
   const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
   auto ev = timeline_entry(*rt, operation, ctx, brief);
-  const call_note note{operation, brief.count * size_of(brief.type), trace::steady_ns(ctx.issued)};
+  const call_note note{operation, brief.count * size_of(brief.type), trace::steady_ns(ctx.issued),
+                       brief.collective};
   auto op =
       bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), trace_id, note, ev, std::move(f));
   return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),

@@ -33,6 +33,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dcomm/detail/arrivals.hpp"
+
 namespace dcomm::shm {
 
 inline constexpr std::size_t cache_line = 64;
@@ -48,7 +50,10 @@ struct alignas(cache_line) arena_record {
   std::atomic<std::uint64_t> arrived{0};  // the stamp whose data the slot holds
   std::atomic<std::uint64_t> reduced{0};  // the stamp whose share this rank reduced
   std::uint64_t group = 0;                // the call that wrote them (checked
-  std::byte call[32] = {};                // by the others: opaque here)
+  std::byte call[24] = {};                // by the others: opaque here)
+  // When the call's ranks called it, as far as the writer knew at this
+  // step (the host's one steady clock): how stragglers are found.
+  detail::arrival_stamp arrivals{};
 };
 static_assert(sizeof(arena_record) == cache_line);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -74,7 +75,7 @@ class call {
  public:
   call(transport& t, const op_context& ctx, bool collective, call_signature sig,
        const char* operation)
-      : t_(t), group_(*ctx.group), op_(t.get_executor(), ctx.deadline) {
+      : t_(t), group_(*ctx.group), op_(t.get_executor(), ctx.deadline), report_(ctx.report) {
     op_.operation = operation;
     op_.entered = ctx.issued;
     op_.collective = collective;
@@ -85,7 +86,15 @@ class call {
     key_.collective = collective ? 1 : 0;
     key_.group = group_.id;
     key_.seq = ctx.seq;
-    if (collective) op_.members = group_.ranks;
+    if (collective) {
+      op_.members = group_.ranks;
+      // This rank's call, the first thing its messages tell of the call's
+      // arrivals (detail/arrivals.hpp).
+      op_.arrivals.note(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(ctx.issued.time_since_epoch())
+              .count(),
+          t.rank());
+    }
     // In the arena every rank waits for every other's checked record.
     if (collective && sig.confirmed && !sig.arena && group_.size() > 1) {
       rounds_left_ = 0;
@@ -96,6 +105,7 @@ class call {
   call(const call&) = delete;
   call& operator=(const call&) = delete;
   ~call() {
+    if (report_) tell(*report_);
     t_.remove_op(op_);
     t_.release_items(op_);
   }
@@ -117,6 +127,11 @@ class call {
     std::uint32_t step_offset = 0;
   };
   void set_view(view v) { view_ = v; }
+  // The algorithm that runs (the report's; the first said is kept: a
+  // hierarchical collective runs others inside).
+  void ran(dcomm::algorithm a) {
+    if (op_.ran == dcomm::algorithm::automatic) op_.ran = a;
+  }
   const call_signature& signature() const { return op_.sig; }
   transport& net() { return t_; }
   op_state& state() { return op_; }
@@ -218,6 +233,14 @@ class call {
     return group_.ranks[static_cast<std::size_t>(group_peer)];
   }
 
+  // What the call says of itself once it ends (op_context::report).
+  void tell(op_report& r) const {
+    r.carried.bits |= op_.carried;
+    if (r.ran == dcomm::algorithm::automatic)
+      r.ran = op_.ran != dcomm::algorithm::automatic ? op_.ran : op_.sig.algo;
+    if (op_.collective && group_.size() > 1) r.arrivals.merge(op_.arrivals);
+  }
+
   // Posts the confirmation's next round once the previous one has arrived
   // (see needs_confirmation).
   void confirm() {
@@ -259,6 +282,7 @@ class call {
   transport& t_;
   group_state& group_;
   op_state op_;
+  op_report* report_;
   match_key key_{};
   std::uint32_t step_base_ = 0;
   view view_{};

@@ -87,12 +87,12 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
   // peers still in their mesh: they hear why, not a bare close that would
   // blame this rank.
   shm_links links;
-  std::vector<int> host_of(static_cast<std::size_t>(world), 0);
+  peers_published peers{std::vector<int>(static_cast<std::size_t>(world), 0), {}};
   std::exception_ptr failure;
   try {
     if (world > 1) {
-      host_of = co_await host_of_each_rank(s, mesh.key_prefix, rank, world, host, deadline);
-      links.local = ranks_on_this_host(host_of, rank);
+      peers = co_await read_peers_published(s, mesh.key_prefix, rank, world, host, deadline);
+      links.local = ranks_on_this_host(peers.host_of, rank);
       if (links.local.size() > 1) {
         // Every pair's link goes through the one segment of the host.
         const std::string key = mesh.key_prefix + "/shm/" + std::to_string(links.local.front());
@@ -116,8 +116,9 @@ inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
     mesh_detail::say_goodbye(sockets, reason, culprit);
     std::rethrow_exception(failure);
   }
-  auto net = std::make_shared<transport>(ex, rank, world, std::move(sockets), options,
-                                         std::move(links), std::move(host_of));
+  auto net =
+      std::make_shared<transport>(ex, rank, world, std::move(sockets), options, std::move(links),
+                                  std::move(peers.host_of), std::move(peers.clock_offsets));
   net->start();
   co_return net;
 }

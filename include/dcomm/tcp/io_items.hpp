@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dcomm/detail/arrivals.hpp"
 #include "dcomm/detail/asio.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/tcp/wire_format.hpp"
@@ -180,6 +181,12 @@ struct op_state {
   // queued for the arena (tcp/shm_arena.hpp).
   bool on_arena = false;
   op_state* next_on_arena = nullptr;
+  // What the call says of itself once it ends (op_report): the links its
+  // messages took (transports bits), the algorithm that ran, and when its
+  // ranks called it, as far as its messages told (collectives).
+  std::uint8_t carried = 0;
+  dcomm::algorithm ran = dcomm::algorithm::automatic;
+  detail::arrivals arrivals;
   // The transport's list of operations in progress.
   op_state* prev_op = nullptr;
   op_state* next_op = nullptr;

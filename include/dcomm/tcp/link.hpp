@@ -65,6 +65,9 @@ struct peer_link {
   explicit peer_link(detail::ip_tcp::socket s) : socket(std::move(s)) {}
   detail::ip_tcp::socket socket;
   std::string address;
+  // The peer's steady clock is this far behind this rank's (0 on one
+  // boot): what moves the times its frames tell onto this rank's clock.
+  std::int64_t clock_offset_ns = 0;
   bool lost = false;
   std::string why;
   // The peer's goodbye: it left in order, after `bye_reason` caused by

@@ -25,6 +25,7 @@ inline void transport::post_recv(io_item& it) {
   it.id = ++next_id_;
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
+  it.op->carried |= l.shm ? transports::shm : transports::tcp;
   // Before the lost check: a peer that sent its last message and left
   // is no error for the receive that message was for.
   auto u = std::find_if(l.unexpected.begin(), l.unexpected.end(),
@@ -52,7 +53,13 @@ inline void transport::post_recv(io_item& it) {
 // A message from it.peer arrived for a posted receive: does it fit?
 inline bool transport::check_match(io_item& it, const wire_header& h) {
   bool same_call = !h.collective || h.sig == it.sig;
-  if (same_call && h.bytes == it.bytes) return true;
+  if (same_call && h.bytes == it.bytes) {
+    // What the sender knew of the call's arrivals (detail/arrivals.hpp).
+    if (h.collective)
+      it.op->arrivals.merge(detail::arrivals_of(
+          h.arrivals, links_[static_cast<std::size_t>(it.peer)]->clock_offset_ns));
+    return true;
+  }
   std::string detail;
   if (!same_call)
     detail = "ranks called different collectives: rank " + std::to_string(it.peer) + " called " +

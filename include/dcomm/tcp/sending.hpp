@@ -21,6 +21,7 @@ inline wire_header transport::header_for(const io_item& it) const {
   h.seq = it.key.seq;
   h.step = it.key.step;
   h.bytes = it.bytes;
+  if (it.key.collective) h.arrivals = detail::stamp_of(it.op->arrivals);
   return h;
 }
 
@@ -31,6 +32,7 @@ inline void transport::post_send(io_item& it) {
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
   if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
+  it.op->carried |= l.shm ? transports::shm : transports::tcp;
   wire_header h = header_for(it);
   if (it.bytes <= options_.eager_limit && !it.staged) {
     h.kind = msg_kind::eager;

@@ -37,6 +37,8 @@ class arena_call {
         me_(c.rank()),
         n_(c.size()) {
     t_.queue_for_arena(seat_, op());
+    op().carried |= transports::shm;
+    c.ran(algorithm::shared_memory);
   }
   arena_call(const arena_call&) = delete;
   arena_call& operator=(const arena_call&) = delete;
@@ -83,6 +85,7 @@ class arena_call {
     shm::arena_record& r = a_.record(mine(), record_);
     r.group = op().group;
     std::memcpy(r.call, &op().sig, sizeof(call_signature));
+    r.arrivals = detail::stamp_of(op().arrivals);
     r.arrived.store(stamp_, std::memory_order_release);
     t_.ring_local_peers();
     seat_.synced = false;
@@ -136,6 +139,7 @@ class arena_call {
       if (cursor_ == me_) continue;
       shm::arena_record* r = a_.find(static_cast<std::size_t>(cursor_), stamp_);
       if (r && !reduced && !same_call(*r)) return false;
+      if (r && !reduced) op().arrivals.merge(detail::arrivals_of(r->arrivals));
       if (!there(r, reduced)) {
         // Not yet: are those still to come alive?
         for (int q = cursor_; q < n_; ++q)

@@ -98,7 +98,8 @@ struct shm_links {
 class transport : public std::enable_shared_from_this<transport> {
  public:
   transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
-            transport_options options, shm_links shm = {}, std::vector<int> host_of = {})
+            transport_options options, shm_links shm = {}, std::vector<int> host_of = {},
+            const std::vector<std::int64_t>& clock_offsets = {})
       : ex_(std::move(ex)),
         rank_(rank),
         world_(world),
@@ -121,6 +122,7 @@ class transport : public std::enable_shared_from_this<transport> {
         auto ep = l->socket.remote_endpoint(ec);
         if (!ec) l->address = detail::endpoint_address(ep);
       }
+      if (links_.size() < clock_offsets.size()) l->clock_offset_ns = clock_offsets[links_.size()];
       links_.push_back(std::move(l));
     }
     if (shm.segment) use_shm(std::move(shm));

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "dcomm/backend.hpp"
+#include "dcomm/detail/arrivals.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/reduce_op.hpp"
 
@@ -147,6 +148,9 @@ struct wire_header {
   std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
   std::uint64_t cookie2 = 0;  // cts: the receiver's id; rts over shared memory: the
                               // sender's buffer, offered for a single copy (0: none)
+  // A collective's eager and rts frames: when the call's ranks called it,
+  // as far as the sender knew (detail/arrivals.hpp), on the sender's clock.
+  detail::arrival_stamp arrivals{};
 };
 static_assert(std::is_trivially_copyable_v<wire_header>);
 

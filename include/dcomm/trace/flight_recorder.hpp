@@ -17,14 +17,22 @@
 //     "groups": [ {"id": "0x0", "name": "the world group", "ranks": [0, 1, 2, 3]}, ... ],
 //     "ops": [ {"id": 1, "group": "0x0", "seq": 0, "op": "all_reduce", "collective": true,
 //               "dtype": "float32", "count": 1024, "peer": -1, "algorithm": "automatic",
-//               "state": "done", "queued_ns": 81000, "ended_ns": 81100, "error": ""}, ... ] }
+//               "state": "done", "queued_ns": 81000, "ended_ns": 81100, "error": "",
+//               "transport": "shm", "ran": "shared_memory", "last_caller": 2,
+//               "last_caller_after_ns": 5200, "self_after_ns": 0}, ... ] }
 // a group's "ranks" are its members' world ranks, in group rank order;
 // ops oldest first; "seq" is a collective's sequence number in its group,
 // a send or receive's tag; "peer" the root, or the peer (group ranks), -1
 // where there is none; "state" queued (accepted, not yet running on the
 // backend), started, done or failed (then "error" names the code);
 // times on the steady clock in nanoseconds (ended_ns read coarsely, to
-// the clock's last tick; 0 until the end).
+// the clock's last tick; 0 until the end). Once an operation ends, its
+// backend says (op_report) which transports carried it ("none": no data
+// moved; "tcp", "shm", "shm+tcp", "nccl") and which algorithm ran
+// ("automatic": not said); a collective whose messages told of the other
+// ranks' calls names the world rank that called it last and how long
+// after the first rank it and this rank called (trace/stragglers.hpp;
+// last_caller -1 and no times where not known).
 #pragma once
 
 #include <time.h>
@@ -89,6 +97,11 @@ struct op_record {
   op_phase phase = op_phase::queued;
   int error = 0;  // a failed operation's errc, 0 if it was not a dcomm::error
   std::int64_t queued_ns = 0, ended_ns = 0;
+  // What the backend said once it ended (op_report).
+  transports carried{};
+  dcomm::algorithm ran = dcomm::algorithm::automatic;
+  int last_caller = -1;                              // world rank; -1: not known
+  std::int64_t first_call_ns = 0, last_call_ns = 0;  // when last_caller >= 0
 };
 
 inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t) {
@@ -149,12 +162,27 @@ class flight_recorder {
     s.outcome.store(pack_outcome(op_phase::queued, 0), std::memory_order_relaxed);
     s.queued_ns.store(now_ns, std::memory_order_relaxed);
     s.ended_ns.store(0, std::memory_order_relaxed);
+    s.report.store(0, std::memory_order_relaxed);
     s.id.store(id, std::memory_order_release);
     return id;
   }
   void started(std::uint64_t id) { set_outcome(id, op_phase::started, 0, 0); }
-  // `error`: a failed operation's errc, 0 if it was not a dcomm::error.
-  void ended(std::uint64_t id, bool failed, int error, std::int64_t now_ns) {
+  // `error`: a failed operation's errc, 0 if it was not a dcomm::error;
+  // `r`: what the backend said of it.
+  void ended(std::uint64_t id, bool failed, int error, std::int64_t now_ns,
+             const op_report& r = op_report{}) {
+    if (id == 0) return;
+    slot& s = at(id);
+    if (s.id.load(std::memory_order_relaxed) != id) return;  // the ring went round
+    const bool known = r.arrivals.others && r.arrivals.known();
+    s.report.store(static_cast<std::uint64_t>(r.carried.bits) |
+                       static_cast<std::uint64_t>(static_cast<std::uint8_t>(r.ran)) << 8 |
+                       static_cast<std::uint64_t>(
+                           static_cast<std::uint32_t>(known ? r.arrivals.last_rank + 1 : 0))
+                           << 16,
+                   std::memory_order_relaxed);
+    s.first_call_ns.store(known ? r.arrivals.first_ns : 0, std::memory_order_relaxed);
+    s.last_call_ns.store(known ? r.arrivals.last_ns : 0, std::memory_order_relaxed);
     set_outcome(id, failed ? op_phase::failed : op_phase::done, error, now_ns);
   }
 
@@ -180,6 +208,12 @@ class flight_recorder {
       r.error = static_cast<int>(o >> 8);
       r.queued_ns = s.queued_ns.load(std::memory_order_relaxed);
       r.ended_ns = s.ended_ns.load(std::memory_order_relaxed);
+      const std::uint64_t said = s.report.load(std::memory_order_relaxed);
+      r.carried.bits = static_cast<std::uint8_t>(said & 0xff);
+      r.ran = static_cast<dcomm::algorithm>((said >> 8) & 0xff);
+      r.last_caller = static_cast<int>(static_cast<std::uint32_t>(said >> 16)) - 1;
+      r.first_call_ns = s.first_call_ns.load(std::memory_order_relaxed);
+      r.last_call_ns = s.last_call_ns.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (s.id.load(std::memory_order_relaxed) != id) continue;  // rewritten meanwhile
       if (!r.operation) r.operation = "";
@@ -225,6 +259,11 @@ class flight_recorder {
       quoted(j, r.error ? make_error_code(static_cast<errc>(r.error)).message()
                 : r.phase == op_phase::failed ? "not a dcomm::error"
                                               : "");
+      j << ", \"transport\": \"" << r.carried.names() << "\", \"ran\": \"" << name(r.ran)
+        << "\", \"last_caller\": " << r.last_caller;
+      if (r.last_caller >= 0)
+        j << ", \"last_caller_after_ns\": " << r.last_call_ns - r.first_call_ns
+          << ", \"self_after_ns\": " << std::max<std::int64_t>(r.queued_ns - r.first_call_ns, 0);
       j << "}";
       first = false;
     }
@@ -263,6 +302,10 @@ class flight_recorder {
     std::atomic<const char*> operation{nullptr};
     std::atomic<std::uint64_t> shape{0}, outcome{0};
     std::atomic<std::int64_t> queued_ns{0}, ended_ns{0};
+    // The backend's report: transports (8 bits), algorithm run (8), last
+    // caller + 1 (32); the first and last call's times.
+    std::atomic<std::uint64_t> report{0};
+    std::atomic<std::int64_t> first_call_ns{0}, last_call_ns{0};
   };
 
   slot& at(std::uint64_t id) { return slots_[static_cast<std::size_t>(id & mask_)]; }

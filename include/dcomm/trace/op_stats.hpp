@@ -23,7 +23,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "dcomm/trace/stragglers.hpp"
 
 namespace dcomm::trace {
 
@@ -35,6 +38,36 @@ struct op_summary {
   std::uint64_t bytes = 0;   // the calls' tensors (a collective's input on this rank)
   std::uint64_t timed = 0;   // calls whose time is in the figures below
   double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0;
+};
+
+// What communicator::stats() returns: every operation's figures, and who
+// calls the collectives last (trace/stragglers.hpp).
+struct comm_stats {
+  std::vector<op_summary> operations;  // in the order first called
+  // Collectives whose messages told of other ranks' calls (groups of more
+  // than one), and of those, per world rank, how often it called last and
+  // how long after the first rank.
+  std::uint64_t collectives_measured = 0;
+  std::vector<rank_lateness> ranks;
+  double own_late_mean_us = 0;  // this rank: how long after the first rank it called
+
+  // The figures of one operation ("all_reduce"); null if never called.
+  const op_summary* operation(std::string_view name) const {
+    for (const auto& s : operations)
+      if (s.operation == name) return &s;
+    return nullptr;
+  }
+  // The world rank that called last most often (-1: none measured).
+  int straggler() const {
+    int who = -1;
+    std::uint64_t most = 0;
+    for (const auto& r : ranks)
+      if (r.last > most) {
+        most = r.last;
+        who = r.rank;
+      }
+    return who;
+  }
 };
 
 class op_stats {

@@ -13,10 +13,16 @@
 //   {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "the world group"}}
 //   {"name": "all_reduce", "cat": "collective", "ph": "X", "pid": 0, "tid": 1,
 //    "ts": 81.234, "dur": 12.5, "args": {"group": "0x0", "seq": 3, "dtype": "float32",
-//    "count": 1024, "bytes": 4096, "peer": -1, "algorithm": "automatic", "state": "done"}}
+//    "count": 1024, "bytes": 4096, "peer": -1, "algorithm": "automatic", "state": "done",
+//    "transport": "shm", "ran": "shared_memory", "last_caller": 2,
+//    "last_caller_after_us": 5.2, "self_after_us": 0.0}}
 // "pid" is the rank; "tid" a track per group (collectives) and one more per
 // group for its sends and receives; "ts" and "dur" microseconds on the
-// steady clock, from the call (when the caller made it) to its end. The
+// steady clock, from the call (when the caller made it) to its end;
+// "algorithm" the one asked for, "ran" the one that ran; the last three
+// where the call's messages told of the other ranks' calls (the world rank
+// that called last, how long after the first rank it and this rank
+// called; trace/stragglers.hpp), else last_caller -1. The
 // dcomm_clock entry ties the steady clock to the wall clock and the boot:
 // ranks with one boot id share the steady clock exactly; others are
 // aligned through the wall clock (NTP: to about a millisecond).
@@ -32,6 +38,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -65,6 +72,11 @@ struct timeline_event {
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
   bool collective = true;
   bool failed = false;
+  // What the backend said once the call ended (op_report).
+  std::uint8_t carried = 0;
+  dcomm::algorithm ran = dcomm::algorithm::automatic;
+  std::int32_t last_caller = -1;
+  std::int64_t first_call_ns = 0, last_call_ns = 0;
 
   timeline_event() = default;
   timeline_event(const char* op, std::uint64_t g, std::uint64_t s, const op_brief& b,
@@ -199,18 +211,26 @@ class timeline {
 
   void write_event(std::FILE* out, const timeline_event& e) {
     const int tid = track(out, e.group, e.collective);
-    std::fprintf(out,
-                 ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": "
-                 "%d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"group\": \"%s\", \"seq\": "
-                 "%llu, \"dtype\": \"%s\", \"count\": %llu, \"bytes\": %llu, \"peer\": %d, "
-                 "\"algorithm\": \"%s\", \"state\": \"%s\"}}",
-                 escaped(e.operation).c_str(), e.collective ? "collective" : "point_to_point",
-                 rank_, tid, static_cast<double>(e.start_ns) / 1e3,
-                 static_cast<double>(e.end_ns - e.start_ns) / 1e3, hex(e.group).c_str(),
-                 static_cast<unsigned long long>(e.seq), std::string(name(e.type)).c_str(),
-                 static_cast<unsigned long long>(e.count),
-                 static_cast<unsigned long long>(e.count * size_of(e.type)), e.peer,
-                 std::string(name(e.algorithm)).c_str(), e.failed ? "failed" : "done");
+    std::fprintf(
+        out,
+        ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": "
+        "%d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"group\": \"%s\", \"seq\": "
+        "%llu, \"dtype\": \"%s\", \"count\": %llu, \"bytes\": %llu, \"peer\": %d, "
+        "\"algorithm\": \"%s\", \"state\": \"%s\", \"transport\": \"%s\", "
+        "\"ran\": \"%s\", \"last_caller\": %d",
+        escaped(e.operation).c_str(), e.collective ? "collective" : "point_to_point", rank_, tid,
+        static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.end_ns - e.start_ns) / 1e3,
+        hex(e.group).c_str(), static_cast<unsigned long long>(e.seq),
+        std::string(name(e.type)).c_str(), static_cast<unsigned long long>(e.count),
+        static_cast<unsigned long long>(e.count * size_of(e.type)), e.peer,
+        std::string(name(e.algorithm)).c_str(), e.failed ? "failed" : "done",
+        transports{e.carried}.names().c_str(), std::string(name(e.ran)).c_str(), e.last_caller);
+    if (e.last_caller >= 0)
+      std::fprintf(
+          out, ", \"last_caller_after_us\": %.3f, \"self_after_us\": %.3f",
+          static_cast<double>(e.last_call_ns - e.first_call_ns) / 1e3,
+          static_cast<double>(std::max<std::int64_t>(e.start_ns - e.first_call_ns, 0)) / 1e3);
+    std::fputs("}}", out);
   }
 
   static std::string hex(std::uint64_t v) {

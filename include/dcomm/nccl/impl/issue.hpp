@@ -44,6 +44,7 @@ detail::task<void> nccl_backend::run(const op_context& ctx, const char* operatio
       r = enqueue(g, s, st);
     }
     if (r != ncclSuccess && r != ncclInProgress) fail(r, operation, g.comm);
+    if (ctx.report) ctx.report->carried.bits |= transports::nccl;
     // Until NCCL has put its kernels on the stream, nothing may follow them.
     if (r == ncclInProgress) co_await settle(g, ctx, operation);
     cuda::device_guard on(device_);
