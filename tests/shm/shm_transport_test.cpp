@@ -491,6 +491,61 @@ TEST_SUITE("shared memory") {
     CHECK(files_in("/dev/shm") == before);
   }
 
+  TEST_CASE("a stopped rank's shared memory says where it stopped: outside dcomm, or in a call") {
+    DCOMM_TEST_DEADLINE(90s);
+    // Rank 2 stops (SIGSTOP: it cannot answer a probe) after its last
+    // world call, or inside a barrier of a pair {1, 2} that rank 1 never
+    // joins; ranks 0 and 1 then time out in the world's all_reduce #2.
+    for (bool in_pair : {false, true}) {
+      CAPTURE(in_pair);
+      dcomm::test::listening_socket master;
+      auto results = dcomm::test::fork_world(3, 60s, [&](int rank) -> int {
+        auto c = join_forked_world(master, rank, 3);
+        const auto pids =
+            c.all_gather_object(static_cast<std::int32_t>(::getpid()), dcomm::blocking);
+        auto pair = c.new_group({1, 2});
+        std::vector<float> v(16, 1.0f);
+        c.all_reduce(v, dcomm::sum, dcomm::blocking);  // #1 (#0: the pids)
+        if (rank == 2) {
+          if (in_pair) {
+            pair->barrier([](std::exception_ptr) {});
+            std::this_thread::sleep_for(30ms);
+          }
+          ::raise(SIGSTOP);  // rank 0 kills it once the others have judged
+          return 0;
+        }
+        std::string what;
+        try {
+          c.all_reduce(v, dcomm::sum, {.timeout = 1500ms}, dcomm::blocking);
+        } catch (const dcomm::error& e) {
+          what = e.what();
+        }
+        std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+        if (rank == 0) {
+          std::this_thread::sleep_for(1s);
+          ::kill(pids[2], SIGKILL);
+        }
+        const std::string says =
+            in_pair ? "rank 2 did not answer a probe (stopped, hung, or blocking its thread?), "
+                      "and its shared memory says it is in barrier #0 of group 0x"
+                    : "rank 2 did not answer a probe (stopped, hung, or blocking its thread?), "
+                      "and its shared memory says it is in no collective: its last, all_reduce "
+                      "#1, ended ";
+        // The first to time out reads the board; the other may hear of it
+        // from that one first (failures spread), naming rank 2 still.
+        if (!dcomm::test::contains(what, "timed out")) return 3;
+        if (dcomm::test::contains(what, says)) return 0;
+        return dcomm::test::contains(what, "stuck on rank 2") ? 1 : 3;
+      });
+      INFO(dcomm::test::describe(results));
+      CHECK(results[2].signal == SIGKILL);
+      for (int r : {0, 1})
+        CHECK((results[static_cast<std::size_t>(r)].exit_code == 0 ||
+               results[static_cast<std::size_t>(r)].exit_code == 1));
+      CHECK((results[0].exit_code == 0 || results[1].exit_code == 0));
+    }
+  }
+
   TEST_CASE("SIGKILL mid-collective in a group's arena: peer_lost naming it") {
     DCOMM_TEST_DEADLINE(90s);
     dcomm::test::listening_socket master;

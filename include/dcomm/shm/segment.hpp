@@ -4,8 +4,9 @@
 // byte ring (shm/channel.hpp), for each local rank a doorbell: a word
 // saying whether the rank sleeps, and an eventfd that wakes it, and the
 // arenas where the collectives meet (shm/arena.hpp): the host's and
-// group_arenas that groups claim, and what each rank says of itself for
-// reads of its memory by the others (shm/single_copy.hpp).
+// group_arenas that groups claim, what each rank says of itself for
+// reads of its memory by the others (shm/single_copy.hpp), and each
+// rank's whereabouts (shm/whereabouts.hpp).
 //
 // The segment is a memfd: it has no name anywhere, so nothing is left
 // behind when the job ends, even by SIGKILL (the kernel frees it with the
@@ -30,6 +31,7 @@
 
 #include "dcomm/shm/arena.hpp"
 #include "dcomm/shm/single_copy.hpp"
+#include "dcomm/shm/whereabouts.hpp"
 
 namespace dcomm::shm {
 
@@ -91,8 +93,12 @@ struct segment_layout {
   std::size_t controls_at() const { return bells_at() + ranks * sizeof(doorbell_word); }
   std::size_t claims_at() const { return controls_at() + pairs() * sizeof(ring_control); }
   std::size_t identities_at() const { return claims_at() + group_arenas * sizeof(arena_claim); }
-  std::size_t data_at() const {
+  std::size_t boards_at() const {
     const std::size_t end = identities_at() + ranks * sizeof(process_identity);
+    return (end + cache_line - 1) / cache_line * cache_line;
+  }
+  std::size_t data_at() const {
+    const std::size_t end = boards_at() + ranks * sizeof(rank_board);
     return (end + 4095) / 4096 * 4096;  // ring data starts on a page
   }
   // Arena 0 is the host's; 1 to group_arenas the groups' (each laid out
@@ -135,6 +141,7 @@ class segment {
     for (std::size_t i = 0; i < group_arenas; ++i)
       new (s.base_ + s.layout_.claims_at() + i * sizeof(arena_claim)) arena_claim{};
     for (std::size_t i = 0; i < ranks; ++i) new (&s.identity(i)) process_identity{};
+    for (std::size_t i = 0; i < ranks; ++i) new (&s.board(i)) rank_board{};
     const arena_layout a = s.layout_.arena();
     for (std::size_t which_arena = 0; which_arena <= group_arenas; ++which_arena) {
       char* at = s.base_ + s.layout_.arena_at(which_arena);
@@ -201,6 +208,9 @@ class segment {
   process_identity& identity(std::size_t local) {
     return *reinterpret_cast<process_identity*>(base_ + layout_.identities_at() +
                                                 local * sizeof(process_identity));
+  }
+  rank_board& board(std::size_t local) {
+    return *reinterpret_cast<rank_board*>(base_ + layout_.boards_at() + local * sizeof(rank_board));
   }
   const char* base() const { return base_; }
   std::byte* data(std::size_t from, std::size_t to) {

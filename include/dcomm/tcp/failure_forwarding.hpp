@@ -76,7 +76,19 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
         detail += separator + rank_list(ranks) + what;
         separator = "; ";
       };
-      clause(silent, " did not answer a probe (stopped, hung, or blocking its thread?)");
+      // A silent rank of this host still has its board to read.
+      std::vector<int> unread;
+      for (int p : silent) {
+        const std::string board = board_whereabouts(p, op);
+        if (board.empty()) {
+          unread.push_back(p);
+          continue;
+        }
+        detail += std::string(separator) + "rank " + std::to_string(p) +
+                  " did not answer a probe (stopped, hung, or blocking its thread?), and " + board;
+        separator = "; ";
+      }
+      clause(unread, " did not answer a probe (stopped, hung, or blocking its thread?)");
       for (std::size_t i = 0; i < op.members.size(); ++i)
         if (op.probe->answers[i] == call_progress::not_entered && op.members[i] != rank_ &&
             !peer_lost(op.members[i])) {

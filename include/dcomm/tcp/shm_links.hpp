@@ -17,8 +17,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -52,6 +54,60 @@ inline void transport::use_shm(shm_links shm) {
   // Every rank on this host: the world group meets in the host's arena.
   if (static_cast<int>(shm.local.size()) == world_)
     arenas_.push_back({.group = 0, .arena = shm_->arena()});
+}
+
+// This rank's whereabouts on its board (shm/whereabouts.hpp), at each
+// collective's start and end (`left`: the one that just ended): for the
+// ranks of this host, when a probe of theirs finds this one silent.
+inline void transport::post_whereabouts(const op_state* left) {
+  if (!shm_) return;
+  const op_state* oldest = nullptr;  // the list runs newest first
+  for (const op_state* op = ops_; op; op = op->next_op)
+    if (op->collective) oldest = op;
+  auto entry = [](const op_state& op, std::int64_t ns) {
+    return shm::board_call{op.group, op.seq + 1, static_cast<std::uint8_t>(op.sig.op), ns};
+  };
+  const shm::board_call in =
+      oldest ? entry(*oldest, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  oldest->entered.time_since_epoch())
+                                  .count())
+             : shm::board_call{};
+  if (!left) return shm_->board(static_cast<std::size_t>(shm_me_)).post(in, nullptr);
+  const shm::board_call ended = entry(*left, shm::coarse_now_ns());
+  shm_->board(static_cast<std::size_t>(shm_me_)).post(in, &ended);
+}
+
+// What a silent peer of this host last wrote on its board, as a clause of
+// a timeout's message ("" where it cannot be read).
+inline std::string transport::board_whereabouts(int peer, const op_state& op) const {
+  const peer_link& l = *links_[static_cast<std::size_t>(peer)];
+  if (!shm_ || !l.shm) return {};
+  const auto r = shm_->board(l.shm_local).read();
+  if (!r) return {};
+  const std::int64_t now = shm::coarse_now_ns();
+  auto call = [&](const shm::board_call& c) {
+    std::string s =
+        std::string(name(static_cast<coll_op>(c.op))) + " #" + std::to_string(c.seq_plus_one - 1);
+    if (c.group == op.group && c.seq_plus_one == op.seq + 1) return "this call (" + s + ")";
+    if (c.group != op.group) {
+      char g[40];
+      std::snprintf(g, sizeof g, " of group 0x%llx", static_cast<unsigned long long>(c.group));
+      s += g;
+    }
+    return s;
+  };
+  auto ago = [&](std::int64_t ns) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f s",
+                  static_cast<double>(std::max<std::int64_t>(now - ns, 0)) / 1e9);
+    return std::string(b);
+  };
+  if (r->in.any())
+    return "its shared memory says it is in " + call(r->in) + ", made " + ago(r->in.ns) + " ago";
+  if (r->left.any())
+    return "its shared memory says it is in no collective: its last, " + call(r->left) +
+           ", ended " + ago(r->left.ns) + " ago (busy outside dcomm, or stopped?)";
+  return "its shared memory says it has made no collective call";
 }
 
 // Writing: the link's frames in order, as far as the ring has room; the

@@ -183,6 +183,7 @@ class transport : public std::enable_shared_from_this<transport> {
     // have no part to play with this rank. Posting to it fails (post_recv,
     // post_send), and the ranks that fail tell the rest with fail frames.
     if (op.collective) {
+      post_whereabouts(nullptr);
       auto& entered = entered_[op.group];
       entered = std::max(entered, op.seq + 1);
       const call_id id{op.group, op.seq};
@@ -204,6 +205,7 @@ class transport : public std::enable_shared_from_this<transport> {
     (op.prev_op ? op.prev_op->next_op : ops_) = op.next_op;
     if (op.next_op) op.next_op->prev_op = op.prev_op;
     op.prev_op = op.next_op = nullptr;
+    if (op.collective) post_whereabouts(&op);
   }
 
   // Items come from a free list; an op gives its items back when it ends,
@@ -453,6 +455,8 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Shared memory links (tcp/shm_links.hpp).
   void use_shm(shm_links shm);
+  void post_whereabouts(const op_state* left);
+  std::string board_whereabouts(int peer, const op_state& op) const;
   void shm_write(int peer);
   detail::task<void> shm_readable(peer_link& l);
   bool poll_shm();
