@@ -97,10 +97,8 @@ void record_end(comm_runtime<Backend>& rt, std::uint64_t trace_id, const call_no
     rt.timeline->add(ev);
   }
   rt.stats.ended(note.operation, note.bytes, failed, timed ? end - note.issued_ns : -1);
-  if (note.collective && !failed && a.others) {
-    const std::string warning = rt.stragglers.measured(a, note.issued_ns, end);
-    if (!warning.empty()) detail::log(detail::log_level::warning, warning);
-  }
+  if (note.collective && !failed && a.others && rt.stragglers.measured(a, note.issued_ns, end))
+    detail::log(detail::log_level::warning, rt.stragglers.warning());
   rt.recorder->ended(trace_id, failed, failed ? code : 0, end, said);
 }
 

@@ -56,9 +56,9 @@ class straggler_stats {
 
   // A collective ended, with what its messages told of its arrivals
   // (a.others: of another rank's call) and this rank's own call time.
-  // Returns the warning to print, or "" (rarely anything else).
-  std::string measured(const detail::arrivals& a, std::int64_t own_ns, std::int64_t now_ns) {
-    if (!a.others || a.last_rank < 0 || a.last_rank >= world_) return {};
+  // True when the warning is due (warning() says it).
+  bool measured(const detail::arrivals& a, std::int64_t own_ns, std::int64_t now_ns) {
+    if (!a.others || a.last_rank < 0 || a.last_rank >= world_) return false;
     const auto late = static_cast<std::uint64_t>(std::max<std::int64_t>(a.spread_ns(), 0));
     counters& c = ranks_[static_cast<std::size_t>(a.last_rank)];
     bump(c.last, 1);
@@ -67,7 +67,18 @@ class straggler_stats {
       c.late_max_ns.store(late, std::memory_order_relaxed);
     bump(measured_, 1);
     bump(own_late_ns_, static_cast<std::uint64_t>(std::max<std::int64_t>(own_ns - a.first_ns, 0)));
-    return rank_ == 0 && warn_after_ns_ > 0 ? slide(a.last_rank, late, now_ns) : std::string();
+    return rank_ == 0 && warn_after_ns_ > 0 && slide(a.last_rank, late, now_ns);
+  }
+
+  // The warning measured() found due.
+  std::string warning() const {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "rank %d called last in %zu of the last %zu collectives, on average %.3f ms "
+                  "after the first rank: a straggler (slower data loading, compute or host?); "
+                  "comm.stats() has the figures, DCOMM_STRAGGLER_MS=0 silences this",
+                  warned_rank_, warned_count_, window, static_cast<double>(warned_mean_ns_) / 1e6);
+    return line;
   }
 
   std::uint64_t collectives_measured() const { return measured_.load(std::memory_order_relaxed); }
@@ -112,8 +123,9 @@ class straggler_stats {
     v.store(v.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   }
 
-  // The window moves on by one call; a warning where one rank dominates it.
-  std::string slide(int last, std::uint64_t late, std::int64_t now_ns) {
+  // The window moves on by one call; true where one rank dominates it and
+  // no warning was given in the last minute.
+  bool slide(int last, std::uint64_t late, std::int64_t now_ns) {
     slot& s = slots_[next_ % window];
     if (next_ >= window) {
       --in_window_[static_cast<std::size_t>(s.rank)];
@@ -124,19 +136,16 @@ class straggler_stats {
     const auto r = static_cast<std::size_t>(last);
     ++in_window_[r];
     window_late_[r] += late;
-    if (next_ < window || in_window_[r] < warn_count) return {};
+    if (next_ < window || in_window_[r] < warn_count) return false;
     const std::uint64_t mean = window_late_[r] / in_window_[r];
-    if (mean < static_cast<std::uint64_t>(warn_after_ns_)) return {};
-    if (warned_ && now_ns - last_warning_ns_ < warn_every_ns) return {};
+    if (mean < static_cast<std::uint64_t>(warn_after_ns_)) return false;
+    if (warned_ && now_ns - last_warning_ns_ < warn_every_ns) return false;
     warned_ = true;
     last_warning_ns_ = now_ns;
-    char line[320];
-    std::snprintf(line, sizeof line,
-                  "rank %d called last in %zu of the last %zu collectives, on average %.3f ms "
-                  "after the first rank: a straggler (slower data loading, compute or host?); "
-                  "comm.stats() has the figures, DCOMM_STRAGGLER_MS=0 silences this",
-                  last, in_window_[r], window, static_cast<double>(mean) / 1e6);
-    return line;
+    warned_rank_ = last;
+    warned_count_ = in_window_[r];
+    warned_mean_ns_ = mean;
+    return true;
   }
 
   int rank_ = 0, world_ = 0;
@@ -154,6 +163,9 @@ class straggler_stats {
   std::int64_t warn_after_ns_ = 1'000'000;
   bool warned_ = false;
   std::int64_t last_warning_ns_ = 0;
+  int warned_rank_ = -1;  // what the last warning said
+  std::size_t warned_count_ = 0;
+  std::uint64_t warned_mean_ns_ = 0;
 };
 
 }  // namespace dcomm::trace
