@@ -11,8 +11,6 @@
 // reader retries a few times and gives up if the owner stopped mid-write.
 #pragma once
 
-#include <time.h>
-
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -84,14 +82,5 @@ class alignas(cache_line) rank_board {
   std::atomic<std::uint64_t> version_{0};
   fields in_, left_;
 };
-
-// The steady clock as of its last tick (CLOCK_MONOTONIC_COARSE: what
-// steady_clock reads, a few milliseconds behind at most, at a fifth of the
-// cost): a board's times need no more.
-inline std::int64_t coarse_now_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-  return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
 
 }  // namespace dcomm::shm

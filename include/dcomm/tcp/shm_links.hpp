@@ -26,6 +26,7 @@
 #include <string>
 #include <tuple>
 
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/tcp/transport.hpp"
 
 namespace dcomm::tcp {
@@ -73,7 +74,7 @@ inline void transport::post_whereabouts(const op_state* left) {
                                   .count())
              : shm::board_call{};
   if (!left) return shm_->board(static_cast<std::size_t>(shm_me_)).post(in, nullptr);
-  const shm::board_call ended = entry(*left, shm::coarse_now_ns());
+  const shm::board_call ended = entry(*left, detail::coarse_steady_ns());
   shm_->board(static_cast<std::size_t>(shm_me_)).post(in, &ended);
 }
 
@@ -84,7 +85,7 @@ inline std::string transport::board_whereabouts(int peer, const op_state& op) co
   if (!shm_ || !l.shm) return {};
   const auto r = shm_->board(l.shm_local).read();
   if (!r) return {};
-  const std::int64_t now = shm::coarse_now_ns();
+  const std::int64_t now = detail::coarse_steady_ns();
   auto call = [&](const shm::board_call& c) {
     std::string s =
         std::string(name(static_cast<coll_op>(c.op))) + " #" + std::to_string(c.seq_plus_one - 1);

@@ -35,7 +35,6 @@
 // last_caller -1 and no times where not known).
 #pragma once
 
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +56,7 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 
@@ -108,15 +108,9 @@ inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-// The steady clock's time read cheaply: CLOCK_MONOTONIC_COARSE (the clock
-// steady_clock reads, as of the last tick: a few milliseconds behind at
-// most, at a fifth of the cost). An operation's end needs no more to say
-// when it ended; its start reuses the time its deadline was taken from.
-inline std::int64_t coarse_steady_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-  return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
+// The steady clock read cheaply (an operation's end needs no more to say
+// when it ended; its start reuses the time its deadline was taken from).
+using detail::coarse_steady_ns;
 
 class flight_recorder {
  public:
