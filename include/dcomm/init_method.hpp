@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "dcomm/error.hpp"
+#include "dcomm/init/cluster.hpp"
 #include "dcomm/init/launcher_environment.hpp"
 #include "dcomm/init/spec.hpp"
 #include "dcomm/init/url.hpp"
@@ -72,17 +73,25 @@ inline init_spec parse_init_method(std::string_view url, std::optional<int> rank
   const init::query_values query = init::parse_query(parts.query, url);
 
   if (spec.kind == init_kind::env) {
-    const auto addr = init::lookup(env, "MASTER_ADDR");
-    const auto port = init::lookup(env, "MASTER_PORT");
+    // MASTER_ADDR and MASTER_PORT, else what the cluster says
+    // (init/cluster.hpp: Kubeflow's PET_*, Slurm's node list and job id).
+    const auto addr = init::master_addr_source(env);
+    const auto port = init::master_port_source(env);
     for (auto [name, value] : {std::pair{"MASTER_ADDR", &addr}, std::pair{"MASTER_PORT", &port}})
       if (!*value)
         init::throw_init_error(url, name, "MASTER_ADDR and MASTER_PORT in the environment",
                                std::string(name) + " unset",
                                "env:// needs MASTER_ADDR (host of rank 0) and MASTER_PORT "
-                               "(port it listens on); set " +
+                               "(port it listens on), or a cluster's own variables "
+                               "(PET_MASTER_ADDR/PET_MASTER_PORT, or Slurm's node list and job "
+                               "id); set " +
                                    std::string(name) + " or use tcp://host:port");
-    spec.host = init::checked_master_addr(*addr, url);
-    spec.port = init::checked_port({init::value_origin::environment, "MASTER_PORT", *port}, url);
+    spec.host =
+        addr->derived ? addr->value : init::checked_master_addr(addr->value, url, addr->from.name);
+    spec.port = port->derived ? static_cast<std::uint16_t>(std::stoi(port->value))
+                              : init::checked_port(port->from, url);
+    spec.address_from = addr->from.name + (addr->derived ? " (its first host)" : "") + " and " +
+                        port->from.name + (port->derived ? " (15000 + its last four digits)" : "");
   }
 
   init::resolve_ranks(spec, rank, world_size, query, env, url);

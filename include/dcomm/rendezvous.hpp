@@ -60,6 +60,24 @@ struct rendezvous_result {
 
 namespace detail {
 
+// What to do when rank 0's port is taken. Under torchrun (not --standalone)
+// its agent holds MASTER_PORT with a store of its own
+// (TORCHELASTIC_USE_AGENT_STORE=True), which dcomm does not join.
+inline std::string port_taken_hint(const init_spec& spec, const env_lookup& env) {
+  if (spec.kind != init_kind::env) return "choose another port in " + spec.address();
+  const auto agent = env ? env("TORCHELASTIC_USE_AGENT_STORE") : std::nullopt;
+  if (agent && (*agent == "True" || *agent == "true" || *agent == "1"))
+    return "torchrun's agent listens there with a store of its own "
+           "(TORCHELASTIC_USE_AGENT_STORE=" +
+           *agent +
+           "), which dcomm does not join: run torchrun with --standalone (one node), or start "
+           "the ranks with dcomm-run";
+  return "choose another MASTER_PORT" +
+         (spec.address_from.empty() || spec.address_from.starts_with("MASTER_ADDR and MASTER_PORT")
+              ? std::string()
+              : " (this one came from " + spec.address_from + ")");
+}
+
 inline std::string rdzv_key(int rank, std::string_view what) {
   return "dcomm/rdzv/rank/" + std::to_string(rank) + "/" + std::string(what);
 }
@@ -239,10 +257,8 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
       auto ctx = e.context();
       ctx.operation = "rendezvous";
       ctx.rank = spec.rank;
-      ctx.detail =
-          "rank 0 cannot listen on port " + std::to_string(spec.port) +
-          ": another process holds it; choose another " +
-          (spec.kind == init_kind::env ? std::string("MASTER_PORT") : "port in " + spec.address());
+      ctx.detail = "rank 0 cannot listen on port " + std::to_string(spec.port) +
+                   ": another process holds it; " + detail::port_taken_hint(spec, options.env);
       throw error(e.code(), ctx);
     }
   }

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -434,6 +435,87 @@ TEST_SUITE("init_method") {
     CHECK_INVALID(parse("env://10.0.0.1:29500", 0, 1, master_env()), "MASTER_ADDR", "MASTER_PORT",
                   "tcp://host:port");
     CHECK_INVALID(parse("env:///x", 0, 1, master_env()), "env://");
+  }
+
+  TEST_CASE("Slurm host lists expand as scontrol show hostnames does") {
+    using dcomm::init::expand_hostlist;
+    using list = std::vector<std::string>;
+    CHECK(expand_hostlist("node01") == list{"node01"});
+    CHECK(expand_hostlist("node[01-03,07],login2") ==
+          list{"node01", "node02", "node03", "node07", "login2"});
+    CHECK(expand_hostlist("gpu[8-10]") == list{"gpu8", "gpu9", "gpu10"});
+    CHECK(expand_hostlist("gpu[08-10]") == list{"gpu08", "gpu09", "gpu10"});
+    CHECK(expand_hostlist("rack[1-2]-node[1-2]") ==
+          list{"rack1-node1", "rack1-node2", "rack2-node1", "rack2-node2"});
+    CHECK(expand_hostlist("a,b[2],c-ib") == list{"a", "b2", "c-ib"});
+    for (const char* bad : {"", "node[", "node[1-", "node[3-1]", "node]", "a,,b", "n[[1]]", "n[x]"})
+      CHECK_MESSAGE(expand_hostlist(bad).empty(), bad);
+    CHECK(dcomm::init::slurm_port("4242917") == 17917);
+    CHECK(dcomm::init::slurm_port("12") == 15012);
+    CHECK_FALSE(dcomm::init::slurm_port("abc").has_value());
+  }
+
+  TEST_CASE("env:// under srun: rank 0's host from the node list, the port from the job id") {
+    const auto s = parse("env://", {}, {},
+                         env_of({{"SLURM_PROCID", "3"},
+                                 {"SLURM_NTASKS", "4"},
+                                 {"SLURM_JOB_ID", "4242917"},
+                                 {"SLURM_JOB_NODELIST", "login1,node[01-04]"},
+                                 {"SLURM_STEP_NODELIST", "node[02-03]"}}));
+    CHECK(s.host == "node02");  // the step's first node, not the allocation's
+    CHECK(s.port == 17917);
+    CHECK(s.rank == 3);
+    CHECK(s.address_from ==
+          "SLURM_STEP_NODELIST (its first host) and SLURM_JOB_ID (15000 + its "
+          "last four digits)");
+    // What is set wins.
+    const auto set = parse("env://", {}, {},
+                           env_of({{"SLURM_PROCID", "0"},
+                                   {"SLURM_NTASKS", "1"},
+                                   {"SLURM_JOB_ID", "7"},
+                                   {"SLURM_JOB_NODELIST", "node[01-04]"},
+                                   {"MASTER_ADDR", "10.1.1.1"},
+                                   {"MASTER_PORT", "29500"}}));
+    CHECK(set.host == "10.1.1.1");
+    CHECK(set.port == 29500);
+    CHECK(set.address_from == "MASTER_ADDR and MASTER_PORT");
+    CHECK_INVALID(parse("env://", {}, {},
+                        env_of({{"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "1"},
+                                {"SLURM_JOB_ID", "7"},
+                                {"SLURM_JOB_NODELIST", "node[01-"}})),
+                  "SLURM_JOB_NODELIST", "node[01-", "MASTER_ADDR");
+  }
+
+  TEST_CASE("env:// in a Kubernetes job of one rank per pod: PET_* and JOB_COMPLETION_INDEX") {
+    const vars pet{{"PET_NNODES", "4"},
+                   {"PET_NODE_RANK", "2"},
+                   {"PET_MASTER_ADDR", "job-node-0-0.job"},
+                   {"PET_MASTER_PORT", "29400"}};
+    auto s = parse("env://", {}, {}, env_of(pet));
+    CHECK(s.rank == 2);
+    CHECK(s.world_size == 4);
+    CHECK(s.launcher == "Kubeflow PET_*");
+    CHECK(s.host == "job-node-0-0.job");
+    CHECK(s.port == 29400);
+    CHECK(s.local_rank == 0);
+    CHECK(s.local_world_size == 1);
+    vars indexed = pet;
+    indexed.erase("PET_NODE_RANK");
+    indexed.emplace("JOB_COMPLETION_INDEX", "3");
+    s = parse("env://", {}, {}, env_of(indexed));
+    CHECK(s.rank == 3);
+    CHECK(s.launcher == "JobSet");
+    // torchrun's variables, where torchrun started the ranks, win.
+    vars torchrun = pet;
+    torchrun.insert({{"RANK", "5"}, {"WORLD_SIZE", "8"}});
+    CHECK(parse("env://", {}, {}, env_of(torchrun)).rank == 5);
+    vars many = pet;
+    many.emplace("PET_NPROC_PER_NODE", "4");
+    CHECK_INVALID(parse("env://", {}, {}, env_of(many)), "PET_NPROC_PER_NODE", "dcomm-run");
+    vars elastic = pet;
+    elastic["PET_NNODES"] = "2:4";
+    CHECK_INVALID(parse("env://", {}, {}, env_of(elastic)), "PET_NNODES='2:4'");
   }
 
   TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT") {

@@ -286,22 +286,27 @@ TEST_CASE("bad input fails before anything is bound or connected") {
 TEST_CASE("a port already in use is named, with the variable to change") {
   DCOMM_TEST_DEADLINE(30s);
   listening_socket taken;
-  auto what = [&]() -> std::string {
+  auto what = [&](std::map<std::string, std::string> extra) -> std::string {
+    extra.insert({{"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(taken.port)},
+                  {"RANK", "0"},
+                  {"WORLD_SIZE", "1"}});
     try {
-      dcomm::rendezvous({.init_method = "env://",
-                         .bind_host = "127.0.0.1",
-                         .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
-                                        {"MASTER_PORT", std::to_string(taken.port)},
-                                        {"RANK", "0"},
-                                        {"WORLD_SIZE", "1"}})});
+      dcomm::rendezvous(
+          {.init_method = "env://", .bind_host = "127.0.0.1", .env = env_of(std::move(extra))});
     } catch (const dcomm::error& e) {
       CHECK(e.code() == errc::address_in_use);
       return e.what();
     }
     return "no error";
-  }();
-  CHECK(contains(what, std::to_string(taken.port)));
-  CHECK(contains(what, "MASTER_PORT"));
+  };
+  const std::string plain = what({});
+  CHECK(contains(plain, std::to_string(taken.port)));
+  CHECK(contains(plain, "choose another MASTER_PORT"));
+  // Under torchrun without --standalone, its agent's store holds the port.
+  const std::string torchrun = what({{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  CHECK(contains(torchrun, "torchrun's agent listens there with a store of its own"));
+  CHECK(contains(torchrun, "--standalone"));
 }
 
 TEST_CASE("depart: rank 0 waits for every rank to leave, and names the ones that do not") {

@@ -1,6 +1,8 @@
 // Where a launcher puts the rank, the world size and the local rank:
-// torchrun's RANK/WORLD_SIZE, OpenMPI, MPICH/Hydra and Slurm, and how a value
-// given in code, in the URL's query and in the environment are reconciled.
+// torchrun's RANK/WORLD_SIZE, OpenMPI, MPICH/Hydra, Slurm, and a Kubernetes
+// job of one rank per pod (Kubeflow Trainer's PET_NODE_RANK/PET_NNODES, or
+// JobSet's JOB_COMPLETION_INDEX), and how a value given in code, in the
+// URL's query and in the environment are reconciled.
 #pragma once
 
 #include <optional>
@@ -17,7 +19,7 @@ struct launcher_family {
   std::string_view rank_var;
   std::string_view size_var;
   std::string_view local_rank_var;
-  std::string_view local_size_var;  // empty: read another way (Slurm)
+  std::string_view local_size_var;  // empty: read another way (Slurm), or none (a pod's one rank)
 };
 
 // The order is the detection order: torchrun/dcomm-run run inside mpirun or
@@ -32,7 +34,15 @@ inline constexpr launcher_family launcher_families[] = {
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {"MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", ""},
+    {"Kubeflow PET_*", "PET_NODE_RANK", "PET_NNODES", "", ""},
+    {"JobSet", "JOB_COMPLETION_INDEX", "PET_NNODES", "", ""},
 };
+
+// A Kubernetes job started the program itself, one process per pod: a pod
+// asked for more (PET_NPROC_PER_NODE) needs a launcher to start them.
+inline bool one_rank_per_pod(const launcher_family& f) {
+  return f.name == "Kubeflow PET_*" || f.name == "JobSet";
+}
 
 // Slurm writes per-node task counts as "2" or "2(x3)" (2 tasks on each of 3
 // nodes), and as "2(x2),1" when nodes differ; only a count that is the same on
@@ -107,6 +117,11 @@ inline const launcher_family* detect_family(const env_lookup& env, bool need_ran
 
 inline void resolve_local(init_spec& spec, const env_lookup& env, const launcher_family* family,
                           std::string_view url) {
+  if (family != nullptr && one_rank_per_pod(*family)) {  // the pod's only rank
+    spec.local_rank = 0;
+    spec.local_world_size = 1;
+    return;
+  }
   if (family == nullptr) {
     // Rank and size came from code or the URL: take the local layout from
     // whichever launcher started this process.
@@ -121,7 +136,7 @@ inline void resolve_local(init_spec& spec, const env_lookup& env, const launcher
       env_int(env, family->local_rank_var, url, "local rank (index of this process on its node)");
   if (!local_rank) local_rank = env_int(env, "LOCAL_RANK", url, "local rank");
   std::optional<sourced_int> local_size =
-      family->local_size_var.empty()
+      family->name == "Slurm"
           ? slurm_local_size(env)
           : env_int(env, family->local_size_var, url, "local world size (processes per node)");
   if (!local_size) local_size = env_int(env, "LOCAL_WORLD_SIZE", url, "local world size");
@@ -147,12 +162,19 @@ inline void resolve_ranks(init_spec& spec, std::optional<int> code_rank,
   const launcher_family* family = nullptr;
   if (spec.kind == init_kind::env && (!rank || !size)) {
     family = detect_family(env, !rank);
+    if (family != nullptr && one_rank_per_pod(*family))
+      if (auto per_node = lookup(env, "PET_NPROC_PER_NODE"); per_node && *per_node != "1")
+        throw_init_error(url, "PET_NPROC_PER_NODE", "1: one rank per pod, started by the pod",
+                         "PET_NPROC_PER_NODE=" + in_quotes(*per_node),
+                         "more than one rank per pod needs a launcher to start them: run the "
+                         "program under dcomm-run (it reads the PET_* variables) or torchrun");
     if (family == nullptr)
       throw_init_error(
           url, !rank ? "RANK" : "WORLD_SIZE",
           std::string(!rank ? "the rank" : "the world size") +
               " from a launcher (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, "
-              "PMI_RANK/PMI_SIZE or SLURM_PROCID/SLURM_NTASKS), from code, or from the URL",
+              "PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS, PET_NODE_RANK/PET_NNODES or "
+              "JOB_COMPLETION_INDEX/PET_NNODES), from code, or from the URL",
           "none of them set",
           "start the program with torchrun, dcomm-run, mpirun, mpiexec or srun, or pass rank "
           "and world_size in code or as env://?rank=R&world_size=N");

@@ -19,7 +19,10 @@ struct init_spec {
   std::string url;         // as given, for error messages
   std::string host;        // env:// (MASTER_ADDR) and tcp://; IPv6 without brackets, e.g. "::1"
   std::uint16_t port = 0;  // env:// (MASTER_PORT) and tcp://
-  std::string path;        // file://
+  // env://: the variables host and port came from ("MASTER_ADDR and
+  // MASTER_PORT", or a cluster's: init/cluster.hpp), for messages.
+  std::string address_from;
+  std::string path;  // file://
   int rank = -1;
   int world_size = -1;
   std::optional<int> local_rank, local_world_size;

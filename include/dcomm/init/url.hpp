@@ -193,23 +193,24 @@ inline bool is_ipv6_literal(std::string_view host) {
   return is_host_name(zone);
 }
 
-inline std::string checked_master_addr(std::string_view value, std::string_view url) {
-  const value_source source{value_origin::environment, "MASTER_ADDR", std::string(value)};
+inline std::string checked_master_addr(std::string_view value, std::string_view url,
+                                       const std::string& name = "MASTER_ADDR") {
+  const value_source source{value_origin::environment, name, std::string(value)};
   std::string_view host = value;
   const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
   if (bracketed) host = host.substr(1, host.size() - 2);
   if (host.empty())
-    throw_init_error(url, "MASTER_ADDR", "the host name or IP address of rank 0", source.describe(),
-                     "MASTER_ADDR is empty");
+    throw_init_error(url, name, "the host name or IP address of rank 0", source.describe(),
+                     name + " is empty");
   if (host.find(':') != std::string_view::npos || bracketed) {
     if (is_ipv6_literal(host)) return std::string(host);
     const bool host_port = !bracketed && host.find(':') == host.rfind(':');
-    throw_init_error(url, "MASTER_ADDR", "the host name or IP address of rank 0", source.describe(),
+    throw_init_error(url, name, "the host name or IP address of rank 0", source.describe(),
                      host_port ? "this looks like host:port; put the port in MASTER_PORT"
                                : "not a valid IPv6 address");
   }
   if (!is_host_name(host))
-    throw_init_error(url, "MASTER_ADDR", "the host name or IP address of rank 0", source.describe(),
+    throw_init_error(url, name, "the host name or IP address of rank 0", source.describe(),
                      "a host name may only hold letters, digits, '-', '.' and '_'");
   return std::string(host);
 }
