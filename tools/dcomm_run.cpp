@@ -11,7 +11,11 @@
 // SIGTERM are passed on to the ranks. When a rank fails, the others are
 // stopped (SIGTERM, SIGKILL after --grace seconds) and dcomm-run exits with
 // that rank's status (128 + signal for a signal), saying which rank failed
-// and how. --timeout bounds the whole job (exit 124). Usage errors: exit 2.
+// and how: the first to die (a SIGCHLD handler stamps each death, so a
+// survivor that exits on the lost peer moments later is not the one named).
+// --timeout bounds the whole job (exit 124). Usage errors: exit 2. The
+// options (torchrun's spellings too, PET_* defaults) are in run/options.hpp;
+// --tee/--redirects copy or move each rank's output to --log-dir.
 //
 // The job is authenticated: the ranks share DCOMM_JOB_TOKEN, the one in
 // dcomm-run's environment or, on a single node, a fresh random one (none
@@ -34,12 +38,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <thread>
@@ -51,112 +58,19 @@
 #include "dcomm/launch/job_token.hpp"
 #include "dcomm/launch/master_socket.hpp"
 #include "dcomm/launch/rank_environment.hpp"
+#include "run/options.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-struct options {
-  int nproc = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free one (node 0 only)
-  bool prefix = true;
-  bool auth = true;
-  double grace = 5;
-  double timeout = 0;     // 0: none
-  std::string trace_dir;  // empty: none
-  std::string timeline;   // empty: none
-  std::vector<std::string> command;
-};
-
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) std::fprintf(stderr, "dcomm-run: %s\n", problem.c_str());
-  std::fprintf(stderr,
-               "usage: dcomm-run [-n N] [--nnodes N --node-rank I] [--master-addr ADDR]\n"
-               "                 [--master-port PORT] [--no-prefix] [--no-auth]\n"
-               "                 [--grace SECONDS] [--timeout SECONDS] [--trace-dir DIR]\n"
-               "                 [--timeline PATH] [--] PROGRAM [ARGS...]\n");
-  std::exit(problem.empty() ? 0 : 2);
-}
-
-int to_int(const std::string& flag, const std::string& v, int low) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < low || x > 1'000'000)
-    usage(flag + " needs an integer >= " + std::to_string(low) + ", not '" + v + "'");
-  return static_cast<int>(x);
-}
-
-double to_seconds(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end || !(x >= 0)) usage(flag + " needs seconds >= 0, not '" + v + "'");
-  return x;
-}
-
-options parse(int argc, char** argv) {
-  options o;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.empty() || a[0] != '-') break;  // the program
-    if (a == "-h" || a == "--help") usage("");
-    if (a == "--no-prefix") {
-      o.prefix = false;
-      continue;
-    }
-    if (a == "--no-auth") {
-      o.auth = false;
-      continue;
-    }
-    std::string v;
-    if (auto eq = a.find('='); eq != std::string::npos && a.starts_with("--")) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      v = argv[++i];
-    }
-    if (a == "-n" || a == "--nproc-per-node")
-      o.nproc = to_int(a, v, 1);
-    else if (a == "--nnodes")
-      o.nnodes = to_int(a, v, 1);
-    else if (a == "--node-rank")
-      o.node_rank = to_int(a, v, 0);
-    else if (a == "--master-addr")
-      o.master_addr = v;
-    else if (a == "--master-port")
-      o.master_port = to_int(a, v, 1);
-    else if (a == "--grace")
-      o.grace = to_seconds(a, v);
-    else if (a == "--timeout")
-      o.timeout = to_seconds(a, v);
-    else if (a == "--trace-dir" || a == "--timeline") {
-      if (v.empty()) usage(a + " needs a path");
-      (a == "--timeline" ? o.timeline : o.trace_dir) = v;
-    } else
-      usage("unknown option " + a);
-  }
-  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
-  if (o.command.empty()) usage("no program to run");
-  if (o.node_rank >= o.nnodes)
-    usage("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
-          std::to_string(o.nnodes));
-  if (o.nnodes > 1 && o.master_port == 0 && o.node_rank != 0)
-    usage("with --nnodes > 1, the other nodes need --master-port (and --master-addr) of node 0");
-  return o;
-}
+using dcomm_run::options;
 
 // A stream of one rank (stdout or stderr), cut into lines.
 struct stream {
   int fd = -1;
-  int out = 1;  // where its lines go
+  int out = 1;    // where its lines go, with their prefix (-1: nowhere: --redirects)
+  int file = -1;  // and as they are (--tee, --redirects; -1: no file)
   std::string partial;
 };
 
@@ -172,6 +86,39 @@ void on_signal(int sig) {
   received_signal = sig;
 }
 
+// When each rank was first seen dead, stamped in the SIGCHLD handler: the
+// order in which ranks failed, even when the loop reaps several in one
+// pass (a rank that died, and a survivor that exited on the lost peer a
+// millisecond later). SIGCHLD also cuts the loop's poll short.
+struct death_stamps {
+  static constexpr std::size_t max_ranks = 1 << 16;
+  std::atomic<pid_t> pid[max_ranks] = {};
+  std::atomic<std::int64_t> ns[max_ranks] = {};  // 0: not seen dead
+  std::atomic<std::size_t> count{0};
+};
+death_stamps deaths;
+
+std::int64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+void on_child_ended(int) {
+  const int saved = errno;  // waitid may change it under the interrupted code
+  const std::size_t n = deaths.count.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    const pid_t pid = deaths.pid[i].load(std::memory_order_relaxed);
+    if (pid <= 0 || deaths.ns[i].load(std::memory_order_relaxed) != 0) continue;
+    siginfo_t info{};
+    // WNOWAIT: seen, not reaped (the loop reaps it).
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid)
+      deaths.ns[i].store(monotonic_ns(), std::memory_order_relaxed);
+  }
+  errno = saved;
+}
+
 void write_all(int fd, const std::string& s) {
   std::size_t at = 0;
   while (at < s.size()) {
@@ -182,14 +129,17 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-// Reads what is there; writes out complete lines, each with its prefix.
-// Returns false at end of file.
+// Reads what is there; writes out complete lines, each with its prefix, and
+// as they are to the stream's file. Returns false at end of file.
 bool pump(stream& s, const std::string& prefix) {
   char buffer[65536];
   ssize_t n = ::read(s.fd, buffer, sizeof buffer);
   if (n < 0) return errno == EINTR || errno == EAGAIN;
   if (n == 0) {
-    if (!s.partial.empty()) write_all(s.out, prefix + s.partial + "\n");
+    if (!s.partial.empty()) {
+      if (s.out >= 0) write_all(s.out, prefix + s.partial + "\n");
+      if (s.file >= 0) write_all(s.file, s.partial + "\n");
+    }
     s.partial.clear();
     return false;
   }
@@ -198,8 +148,9 @@ bool pump(stream& s, const std::string& prefix) {
   std::size_t start = 0;
   for (std::size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
     lines += prefix + s.partial.substr(start, nl + 1 - start);
+  if (s.file >= 0 && start > 0) write_all(s.file, s.partial.substr(0, start));
   s.partial.erase(0, start);
-  if (!lines.empty()) write_all(s.out, lines);
+  if (!lines.empty() && s.out >= 0) write_all(s.out, lines);
   return true;
 }
 
@@ -241,6 +192,11 @@ void pass_signals_to_ranks() {
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  struct sigaction child {};
+  child.sa_handler = on_child_ended;
+  sigemptyset(&child.sa_mask);
+  child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  ::sigaction(SIGCHLD, &child, nullptr);
 }
 
 // This node's share of the job: its ranks, their output, and how it ends.
@@ -259,6 +215,7 @@ class job {
     for (const auto& a : o_.command) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     std::fflush(nullptr);
+    deaths.count.store(static_cast<std::size_t>(o_.nproc), std::memory_order_release);
     const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
     for (int local = 0; local < o_.nproc; ++local) {
       const dcomm::launch::rank_environment environment{
@@ -308,14 +265,16 @@ class job {
     auto& output = outputs_[static_cast<std::size_t>(local)];
     output.rank = environment.rank;
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
-    if (o_.prefix)
+    // Piped when lines get a prefix or go to files (--tee, --redirects).
+    const bool piped = o_.prefix || o_.tee || o_.redirects;
+    if (piped)
       for (auto& p : pipes)
         if (::pipe2(p, O_CLOEXEC) != 0) {
           std::perror("dcomm-run: pipe");
           return false;
         }
     const pid_t pid = dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
-      if (o_.prefix) {
+      if (piped) {
         ::dup2(pipes[0][1], 1);
         ::dup2(pipes[1][1], 2);
       }
@@ -330,15 +289,31 @@ class job {
       return false;
     }
     ranks_[static_cast<std::size_t>(local)].pid = pid;
-    if (o_.prefix) {
+    note_started(local, pid);
+    if (piped) {
       for (int s = 0; s < 2; ++s) {
         ::close(pipes[s][1]);
-        output.streams[s].fd = pipes[s][0];
-        output.streams[s].out = s + 1;
-        ::fcntl(output.streams[s].fd, F_SETFL, O_NONBLOCK);
+        stream& st = output.streams[s];
+        st.fd = pipes[s][0];
+        const int bit = 1 << s;  // 1: stdout, 2: stderr
+        st.out = (o_.redirects & bit) ? -1 : s + 1;
+        if ((o_.tee | o_.redirects) & bit) st.file = open_log(environment.rank, s);
+        ::fcntl(st.fd, F_SETFL, O_NONBLOCK);
       }
     }
     return true;
+  }
+
+  // DIR/<rank>/stdout.log or stderr.log (-1, having said why, where it
+  // cannot be made: the output still goes where it can).
+  int open_log(int rank, int s) const {
+    const std::string dir = o_.log_dir + "/" + std::to_string(rank);
+    ::mkdir(dir.c_str(), 0777);
+    const std::string path = dir + (s == 0 ? "/stdout.log" : "/stderr.log");
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
+      std::fprintf(stderr, "dcomm-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return fd;
   }
 
   // Forwards what the ranks wrote, waiting up to 20 ms for it while a rank
@@ -364,9 +339,11 @@ class job {
     for (std::size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto* s = owners[i].first;
-      if (!pump(*s, "[" + std::to_string(owners[i].second) + "] ")) {
+      if (!pump(*s, o_.prefix ? "[" + std::to_string(owners[i].second) + "] " : "")) {
         ::close(s->fd);
         s->fd = -1;
+        if (s->file >= 0) ::close(s->file);
+        s->file = -1;
       }
     }
     if (!running) {
@@ -376,10 +353,21 @@ class job {
     return true;
   }
 
-  // Reaps the ranks that ended. The first failure (unless dcomm-run is
-  // stopping on a signal) is reported and stops the others.
+  // Reaps the ranks that ended, in the order they died. The first failure
+  // (unless dcomm-run is stopping on a signal) is reported and stops the
+  // others.
   void reap_ranks() {
-    ranks_.reap_ended([&](std::size_t local, const dcomm::launch::child_process& r) {
+    std::vector<std::pair<std::int64_t, std::size_t>> ended;  // (died, local)
+    ranks_.reap_ended([&](std::size_t local, const dcomm::launch::child_process&) {
+      const std::int64_t died = deaths.ns[local].load(std::memory_order_relaxed);
+      ended.emplace_back(died ? died : monotonic_ns(), local);
+    });
+    std::sort(ended.begin(), ended.end());
+    for (const auto& [died, local] : ended) report_end(local, ranks_[local]);
+  }
+
+  void report_end(std::size_t local, const dcomm::launch::child_process& r) {
+    {
       const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
       if (ok || failed_ || received_signal) return;
       failed_ = true;
@@ -391,7 +379,12 @@ class job {
                    outputs_[local].rank, static_cast<int>(r.pid), how.c_str(), ranks_.running());
       std::fflush(stderr);
       stop_ranks(SIGTERM);
-    });
+    }
+  }
+
+  // The SIGCHLD handler watches this rank from now on.
+  static void note_started(int local, pid_t pid) {
+    deaths.pid[static_cast<std::size_t>(local)].store(pid, std::memory_order_relaxed);
   }
 
   bool stopping() const { return stop_signal_ != 0 || ranks_.stopping(); }
@@ -539,8 +532,31 @@ void prepare_timeline(const options& o) {
 
 }  // namespace
 
+// --tee or --redirects without --log-dir: a fresh folder, named.
+bool prepare_log_dir(options& o) {
+  if (!o.tee && !o.redirects) return true;
+  if (o.log_dir.empty()) {
+    char name[] = "/tmp/dcomm-run-XXXXXX";
+    if (!::mkdtemp(name)) {
+      std::perror("dcomm-run: mkdtemp");
+      return false;
+    }
+    o.log_dir = name;
+  } else if (::mkdir(o.log_dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "dcomm-run: cannot make --log-dir %s: %s\n", o.log_dir.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+  std::fprintf(stderr, "dcomm-run: the ranks' output goes to %s/<rank>/stdout.log and stderr.log\n",
+               o.log_dir.c_str());
+  return true;
+}
+
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  options o = dcomm_run::parse(argc, argv);
+  if (o.nproc > static_cast<int>(death_stamps::max_ranks))
+    dcomm_run::usage("at most " + std::to_string(death_stamps::max_ranks) + " ranks per node");
+  if (!prepare_log_dir(o)) return 2;
   std::optional<std::string> token;
   try {
     token = job_token_for(o);
@@ -553,6 +569,13 @@ int main(int argc, char** argv) {
     try {
       socket = dcomm::launch::listen_on_free_port(o.master_addr);
       ::fcntl(socket.fd, F_SETFD, FD_CLOEXEC);  // rank 0 alone inherits it
+      // The other nodes need to know where node 0 listens.
+      if (o.nnodes > 1)
+        std::fprintf(stderr,
+                     "dcomm-run: node 0 of %d: rank 0's store listens at %s:%d; start the other "
+                     "nodes with --master-addr %s --master-port %d\n",
+                     o.nnodes, o.master_addr.c_str(), socket.port, o.master_addr.c_str(),
+                     socket.port);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dcomm-run: %s\n", e.what());
       return 2;

@@ -11,7 +11,8 @@
 # FILE's first line must be `// expect: <text>`. The test passes when FILE
 # fails to compile with an error line containing <text> (so a failure for
 # another reason, such as a typo in the snippet or a missing header, does not
-# count), or, for `// expect: compiles`, when FILE compiles cleanly. Only the
+# count), or, for `// expect: compiles`, when FILE compiles cleanly;
+# `// expect first: <text>` asks that the first error line contain it. Only the
 # first line is read: keep it within the 100 columns clang-format allows, or
 # it gets reflowed onto a second line that is ignored.
 set -u
@@ -52,8 +53,13 @@ if [ ! -r "$file" ]; then
 fi
 
 first_line=$(head -n 1 -- "$file" | tr -d '\r')
+first_only=0
 case "$first_line" in
   "// expect: "*) expect=${first_line#"// expect: "} ;;
+  "// expect first: "*)
+    expect=${first_line#"// expect first: "}
+    first_only=1
+    ;;
   *)
     echo "FAIL: $file: first line must be '// expect: <diagnostic substring>' or '// expect: compiles'" >&2
     exit 1
@@ -90,6 +96,16 @@ fi
 if [ "$status" -eq 126 ] || [ "$status" -eq 127 ]; then
   echo "FAIL: could not run the compiler (exit $status): ${cxx[*]}" >&2
   printf '%s\n' "$output" >&2
+  exit 1
+fi
+if [ "$first_only" = 1 ]; then
+  if printf '%s\n' "$output" | grep -i -m 1 "error" | grep -q -F -- "$expect"; then
+    echo "PASS: $file's first error says: $expect"
+    exit 0
+  fi
+  echo "FAIL: $file's first error does not say: $expect" >&2
+  echo "command: ${command[*]}" >&2
+  printf '%s\n' "$output" | head -20 >&2
   exit 1
 fi
 if printf '%s\n' "$output" | grep -F -- "$expect" | grep -q -i "error"; then

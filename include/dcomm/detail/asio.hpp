@@ -1,6 +1,8 @@
 // The one place dcomm includes Asio, so configuration stays consistent.
 #pragma once
 
+#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+
 #ifndef ASIO_STANDALONE
 #define ASIO_STANDALONE
 #endif

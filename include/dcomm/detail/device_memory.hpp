@@ -4,6 +4,8 @@
 // are refused with a message that says what to include.
 #pragma once
 
+#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+
 #include <algorithm>
 #include <asio/any_io_executor.hpp>
 #include <asio/post.hpp>

@@ -6,6 +6,8 @@
 // replaces the signal's disposition while it exists).
 #pragma once
 
+#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+
 #include <asio/post.hpp>
 #include <asio/signal_set.hpp>
 #include <csignal>
