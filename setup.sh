@@ -4,24 +4,62 @@
 #   ./setup.sh demo    build and run the demo: 4 ranks train on Fashion-MNIST (synchronous SGD)
 #   ./setup.sh test    build with g++ and clang++ (-Werror), with ASan+UBSan and TSan,
 #                      run every test, print 'N passed, N failed, N skipped'
-#   ./setup.sh deps    only install the packages
+#   ./setup.sh deps    only install the packages (the test command's)
+# Each installs what it is missing with apt-get (root, or sudo), prints its
+# builds' progress every 30 s, and says how long each part took.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(meson ninja-build pkg-config g++ clang libasio-dev doctest-dev libssl-dev zlib1g-dev
-          dataset-fashion-mnist libtorch-dev nlohmann-json3-dev)
+# What each command needs: the demo builds two programs with g++; the tests
+# build with g++ and clang++, against libtorch and doctest, and check the
+# CMake package.
+demo_packages=(meson ninja-build pkg-config g++ libasio-dev libssl-dev zlib1g-dev
+               dataset-fashion-mnist)
+test_packages=("${demo_packages[@]}" clang doctest-dev libtorch-dev nlohmann-json3-dev cmake)
 
+# install_missing PACKAGE...
 install_missing() {
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
-  echo "setup.sh: installing ${missing[*]}"
-  local sudo=""
+  echo "setup.sh: installing ${missing[*]} (apt-get, as root)"
+  local sudo="" started=$SECONDS
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  echo "setup.sh: installed in $(took $started)"
+}
+
+# "3m07s" since SECONDS was `started`.
+took() {
+  local s=$((SECONDS - $1))
+  printf '%dm%02ds' $((s / 60)) $((s % 60))
+}
+
+# build DIR LOG [TARGETS...]: ninja, its progress ("[412/1030]") on one line
+# every 30 s, and how long it took; the log kept in LOG (printed on failure).
+build() {
+  local dir=$1 log=$2 started=$SECONDS
+  shift 2
+  ninja -C "$dir" -j "$(nproc)" "$@" >"$log" 2>&1 &
+  local pid=$! last=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2
+    if [ $((SECONDS - last)) -ge 30 ]; then
+      last=$SECONDS
+      local step
+      step=$(grep -o '^\[[0-9]*/[0-9]*\]' "$log" | tail -n 1)
+      echo "   ${step:-[starting]} after $(took "$started")"
+    fi
+  done
+  if ! wait "$pid"; then
+    cat "$log"
+    echo "build in $dir failed after $(took "$started")"
+    return 1
+  fi
+  echo "   built in $(took "$started") ($(grep -c '^\[' "$log") steps)"
 }
 
 # configure DIR CXX [meson options...]: (re)configures a build directory.
@@ -76,7 +114,8 @@ run_tests() {
     # shellcheck disable=SC2086
     configure "$dir" "$compiler" $options
     # shellcheck disable=SC2086
-    ninja -C "$dir" -j "$jobs" $targets >"$dir.log" 2>&1 || { cat "$dir.log"; echo "build $name failed"; return 1; }
+    build "$dir" "$dir.log" $targets || return 1
+    local tests_started=$SECONDS
     local multiplier=1
     [ "$name" = sanitize ] || [ "$name" = tsan ] && multiplier=3
     local selected=()
@@ -85,7 +124,9 @@ run_tests() {
     # where ASan would otherwise reserve its shadow gap, and fails to start.
     ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       TSAN_OPTIONS="halt_on_error=1:suppressions=$PWD/tests/tsan.supp" \
-      meson test -C "$dir" --print-errorlogs --num-processes "$jobs" -t "$multiplier" "${selected[@]}" || true
+      meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$jobs" -t "$multiplier" \
+        "${selected[@]}" || true
+    echo "   tests took $(took "$tests_started")"
     [ -f "$dir/meson-logs/testlog.json" ] && logs+=("$dir/meson-logs/testlog.json")
     if grep -q '"result": "\(FAIL\|TIMEOUT\|ERROR\|UNEXPECTEDPASS\)"' "$dir/meson-logs/testlog.json"; then status=1; fi
   done
@@ -94,15 +135,17 @@ run_tests() {
 }
 
 run_demo() {
-  configure build/demo g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false
-  ninja -C build/demo tools/dcomm-run examples/train_fashion_mnist >/dev/null
+  echo "== demo: g++ release build of dcomm-run and train_fashion_mnist (build/demo)"
+  configure build/demo g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false \
+    -Dtorch=disabled -Dnccl=disabled
+  build build/demo build/demo.log tools/dcomm-run examples/train_fashion_mnist || return 1
   build/demo/tools/dcomm-run -n 4 build/demo/examples/train_fashion_mnist
 }
 
 case "${1:-}" in
-  deps) install_missing ;;
-  test) install_missing && run_tests ;;
-  demo) install_missing && run_demo ;;
+  deps) install_missing "${test_packages[@]}" ;;
+  test) install_missing "${test_packages[@]}" && run_tests ;;
+  demo) install_missing "${demo_packages[@]}" && run_demo ;;
   *)
     echo "usage: $0 demo|test|deps" >&2
     exit 2
