@@ -153,6 +153,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) missing.push_back(r);
+  auto last_line = start;
   for (;;) {
     std::vector<std::string> keys;
     for (int r : missing) keys.push_back(rdzv_key(r, "present"));
@@ -174,6 +175,10 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
                " s; every rank must start with the same init_method and world size " +
                std::to_string(world_size),
            "ranks " + format_ranks(missing));
+    // One line per interval: the slices shrink to nothing before the
+    // deadline, and each would otherwise say the same again.
+    if (detail::clock::now() - last_line < options.progress_interval * 9 / 10) continue;
+    last_line = detail::clock::now();
     auto line = "rank " + std::to_string(rank) + " waiting for ranks " + format_ranks(missing) +
                 " at " + address + ", " +
                 std::to_string(duration_cast<seconds>(detail::clock::now() - start).count()) +
