@@ -375,8 +375,12 @@ class job {
       std::string how = WIFEXITED(r.status)
                             ? "exited with status " + std::to_string(WEXITSTATUS(r.status))
                             : "was killed by " + dcomm::launch::describe_status(r.status);
-      std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s; stopping the other %d rank(s)\n",
-                   outputs_[local].rank, static_cast<int>(r.pid), how.c_str(), ranks_.running());
+      const int running = ranks_.running();
+      const std::string rest = running
+                                   ? "; stopping the other " + std::to_string(running) + " rank(s)"
+                                   : "; no other rank is running";
+      std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s%s\n", outputs_[local].rank,
+                   static_cast<int>(r.pid), how.c_str(), rest.c_str());
       std::fflush(stderr);
       stop_ranks(SIGTERM);
     }

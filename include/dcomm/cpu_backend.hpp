@@ -71,6 +71,7 @@ class cpu_backend {
         .job_token = std::move(job_token),
         .bind_host = o.bind_host,
         .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
+    std::string address = mesh.advertise_host;
     const tcp::shm_options shm{
         .links = tcp::parse_link_choice(o.transport),
         .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
@@ -80,7 +81,9 @@ class cpu_backend {
                                                 .shm_spin = o.shm_spin,
                                                 .shm_single_copy = o.shm_single_copy},
                                                deadline, shm);
-    co_return std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, overrides));
+    auto b = std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, overrides));
+    b->address_ = std::move(address);
+    co_return b;
   }
 
   cpu_backend(const cpu_backend&) = delete;
@@ -112,6 +115,32 @@ class cpu_backend {
   std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
   // Bytes (headers included) written on the link to `peer`; on the executor.
   std::uint64_t bytes_sent_to(int peer) const { return net_->bytes_sent_to(peer); }
+
+  // What DCOMM_LOG_LEVEL=info says of this rank's backend at start-up: the
+  // host address it gave its peers, which link reaches which rank, whether the
+  // world's collectives meet in the host's arena, the thresholds.
+  std::string describe() const {
+    std::vector<int> shm, tcp;
+    for (int p = 0; p < world_size(); ++p)
+      if (p != rank()) (net_->shm_link(p) ? shm : tcp).push_back(p);
+    auto ranks = [](const std::vector<int>& v) {
+      return v.empty() ? std::string("none") : "ranks " + detail::format_ranks(v);
+    };
+    group_state world;
+    world.rank = rank();
+    for (int p = 0; p < world_size(); ++p) world.ranks.push_back(p);
+    return "reached at " + address_ + "; links: shared memory to " + ranks(shm) + ", tcp to " +
+           ranks(tcp) + "; the world's collectives " +
+           (world_size() > 1 && net_->arena_serves(world) ? "in the host's arena" : "by messages") +
+           "; eager limit " + std::to_string(o_.eager_limit) + " B, chunk " +
+           std::to_string(o_.chunk_bytes) + " B, small all_reduce/broadcast/all_gather/" +
+           "reduce_scatter " + std::to_string(o_.small_all_reduce) + "/" +
+           std::to_string(o_.small_broadcast) + "/" + std::to_string(o_.small_all_gather) + "/" +
+           std::to_string(o_.small_reduce_scatter) + " B; DCOMM_TRANSPORT=" + o_.transport +
+           (o_.algorithms.empty() ? "" : ", DCOMM_ALGO=" + o_.algorithms) +
+           (o_.confirm_rooted ? "" : ", rooted calls unconfirmed") +
+           (o_.shm_single_copy ? ", single copy on" : "");
+  }
 
   // Fails every pending and future operation at once; closes every link.
   // Thread-safe: runs on the backend's executor.
@@ -549,6 +578,7 @@ class cpu_backend {
   options o_;
   std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
   tcp::staging staging_;                    // of CUDA tensors
+  std::string address_;                     // the one its peers were given
 };
 
 static_assert(backend<cpu_backend>);

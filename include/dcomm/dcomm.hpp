@@ -15,6 +15,7 @@
 #include "dcomm/half.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/init_process_group.hpp"
+#include "dcomm/log.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/request.hpp"

@@ -8,6 +8,8 @@
 //       {.init_method = "env://", .timeout = 30s});
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -104,11 +106,28 @@ asio::awaitable<void> wait_connected(store& s, Backend& backend, int rank, int w
   }
 }
 
+// DCOMM_LOG_LEVEL=info's start-up line: who this rank is, how it joined,
+// and what its backend says of itself (as NCCL_DEBUG=INFO users expect).
+template <backend Backend>
+void log_start_up(const Backend& b, const std::string& joined, const init_options<Backend>& o) {
+  if (!log_enabled(log_level::info)) return;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string line = "rank " + std::to_string(b.rank()) + " of " + std::to_string(b.world_size()) +
+                     " (pid " + std::to_string(::getpid()) + ", host " + host + "): " + joined +
+                     "; timeout " + std::to_string(o.timeout.count()) + " ms; job token " +
+                     (o.job_token.empty() ? "none" : "set") + "; backend " +
+                     std::string(Backend::name);
+  if constexpr (requires { b.describe(); }) line += ": " + b.describe();
+  log(log_level::info, line);
+}
+
 template <backend Backend>
 asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, int rank, int world,
                                                      std::string store_host,
                                                      init_options<Backend> o,
-                                                     std::shared_ptr<io_thread> thread) {
+                                                     std::shared_ptr<io_thread> thread,
+                                                     std::string joined = "") {
   const auto deadline = detail::clock::now() + o.timeout;
   auto timeline =
       trace::timeline::from_environment(rank);  // DCOMM_TRACE (refused before we connect)
@@ -128,6 +147,7 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
     co_await close_unused(backend);
     std::rethrow_exception(failure);
   }
+  log_start_up(*backend, joined.empty() ? "joined over a store (" + s->address() + ")" : joined, o);
   auto rt = std::make_shared<detail::comm_runtime<Backend>>();
   rt->backend = std::move(backend);
   rt->thread = std::move(thread);
@@ -177,8 +197,16 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
     where.rank = world.rank;
     where.address = world.spec.address();
     joined = world.store;
+    std::string how = "init " + o.init_method;
+    if (!world.spec.launcher.empty()) how += ", rank from " + world.spec.launcher;
+    if (world.local_rank && world.local_world_size)
+      how += ", local rank " + std::to_string(*world.local_rank) + " of " +
+             std::to_string(*world.local_world_size);
+    how += ", rank 0's store at " + world.spec.address();
+    if (!world.spec.address_from.empty()) how += " (from " + world.spec.address_from + ")";
     co_return co_await connect_world<Backend>(world.store, world.rank, world.world_size,
-                                              world.spec.host, std::move(o), std::move(thread));
+                                              world.spec.host, std::move(o), std::move(thread),
+                                              std::move(how));
   } catch (...) {
     failure = std::current_exception();
   }

@@ -12,13 +12,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/cpu_backend.hpp"
+#include "dcomm/log.hpp"
 #include "dcomm/thread_world.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
 #include "dcomm/trace/op_stats.hpp"
@@ -331,6 +335,50 @@ TEST_SUITE("flight recorder") {
           require(timed == calls / 16, "not one call in 16 timed");
         },
         o);
+  }
+
+  TEST_CASE(
+      "DCOMM_LOG_LEVEL: info says how each rank started, debug each call; a sink takes them") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::mutex m;
+    std::vector<std::pair<dcomm::log_level, std::string>> lines;
+    const dcomm::log_level before = dcomm::get_log_level();
+    dcomm::set_log_level(dcomm::log_level::debug);
+    dcomm::set_log_sink([&](dcomm::log_level level, std::string_view line) {
+      std::lock_guard lock(m);
+      lines.emplace_back(level, std::string(line));
+    });
+    struct restore {
+      dcomm::log_level level;
+      ~restore() {
+        dcomm::set_log_sink({});
+        dcomm::set_log_level(level);
+      }
+    } after{before};
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f, 2.0f, 3.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+        },
+        o);
+    auto said = [&](dcomm::log_level level, const std::string& part) {
+      std::lock_guard lock(m);
+      for (const auto& [l, text] : lines)
+        if (l == level && contains(text, part)) return true;
+      return false;
+    };
+    using dcomm::log_level;
+    CHECK(said(log_level::info, "rank 1 of 2 (pid "));
+    CHECK(said(log_level::info, "backend cpu: reached at 127.0.0.1; links:"));
+    CHECK(said(log_level::info, "links: shared memory to ranks {0}, tcp to none"));
+    CHECK(said(log_level::info, "eager limit 65536 B"));
+    CHECK(
+        said(log_level::debug, "rank 0: all_reduce #0 of group 0x0, float32 x 3 (12 B): done in "));
+    CHECK(said(log_level::debug, "over shm (shared_memory); rank "));
+    std::lock_guard lock(m);
+    INFO(lines.size(), " lines, the first: ", lines.empty() ? "" : lines.front().second);
   }
 
   TEST_CASE("stats' histogram: buckets a quarter of a power of two wide; quantiles from them") {

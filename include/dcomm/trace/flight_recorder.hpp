@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -180,6 +181,13 @@ class flight_recorder {
     set_outcome(id, failed ? op_phase::failed : op_phase::done, error, now_ns);
   }
 
+  // One operation's record, if the ring still holds it whole.
+  std::optional<op_record> record(std::uint64_t id) const {
+    op_record r;
+    if (id == 0 || slots_.empty() || !read(id, r)) return std::nullopt;
+    return r;
+  }
+
   // The recorded operations, oldest first (those being rewritten left out).
   std::vector<op_record> snapshot() const {
     std::vector<op_record> out;
@@ -188,30 +196,8 @@ class flight_recorder {
     const std::uint64_t first = last > slots_.size() ? last - slots_.size() + 1 : 1;
     out.reserve(static_cast<std::size_t>(last - first + 1));
     for (std::uint64_t id = first; id <= last && id != 0; ++id) {
-      const slot& s = at(id);
-      if (s.id.load(std::memory_order_acquire) != id) continue;
       op_record r;
-      r.id = id;
-      r.group = s.group.load(std::memory_order_relaxed);
-      r.seq = s.seq.load(std::memory_order_relaxed);
-      r.operation = s.operation.load(std::memory_order_relaxed);
-      r.brief.count = s.count.load(std::memory_order_relaxed);
-      unpack_shape(s.shape.load(std::memory_order_relaxed), r);
-      const std::uint64_t o = s.outcome.load(std::memory_order_relaxed);
-      r.phase = static_cast<op_phase>(o & 0xff);
-      r.error = static_cast<int>(o >> 8);
-      r.queued_ns = s.queued_ns.load(std::memory_order_relaxed);
-      r.ended_ns = s.ended_ns.load(std::memory_order_relaxed);
-      const std::uint64_t said = s.report.load(std::memory_order_relaxed);
-      r.carried.bits = static_cast<std::uint8_t>(said & 0xff);
-      r.ran = static_cast<dcomm::algorithm>((said >> 8) & 0xff);
-      r.last_caller = static_cast<int>(static_cast<std::uint32_t>(said >> 16)) - 1;
-      r.first_call_ns = s.first_call_ns.load(std::memory_order_relaxed);
-      r.last_call_ns = s.last_call_ns.load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (s.id.load(std::memory_order_relaxed) != id) continue;  // rewritten meanwhile
-      if (!r.operation) r.operation = "";
-      out.push_back(r);
+      if (read(id, r)) out.push_back(r);
     }
     return out;
   }
@@ -290,6 +276,33 @@ class flight_recorder {
   }
 
  private:
+  // Slot `id` copied whole into r; false if it is being rewritten (or was).
+  bool read(std::uint64_t id, op_record& r) const {
+    const slot& s = at(id);
+    if (s.id.load(std::memory_order_acquire) != id) return false;
+    r.id = id;
+    r.group = s.group.load(std::memory_order_relaxed);
+    r.seq = s.seq.load(std::memory_order_relaxed);
+    r.operation = s.operation.load(std::memory_order_relaxed);
+    r.brief.count = s.count.load(std::memory_order_relaxed);
+    unpack_shape(s.shape.load(std::memory_order_relaxed), r);
+    const std::uint64_t o = s.outcome.load(std::memory_order_relaxed);
+    r.phase = static_cast<op_phase>(o & 0xff);
+    r.error = static_cast<int>(o >> 8);
+    r.queued_ns = s.queued_ns.load(std::memory_order_relaxed);
+    r.ended_ns = s.ended_ns.load(std::memory_order_relaxed);
+    const std::uint64_t said = s.report.load(std::memory_order_relaxed);
+    r.carried.bits = static_cast<std::uint8_t>(said & 0xff);
+    r.ran = static_cast<dcomm::algorithm>((said >> 8) & 0xff);
+    r.last_caller = static_cast<int>(static_cast<std::uint32_t>(said >> 16)) - 1;
+    r.first_call_ns = s.first_call_ns.load(std::memory_order_relaxed);
+    r.last_call_ns = s.last_call_ns.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.id.load(std::memory_order_relaxed) != id) return false;  // rewritten meanwhile
+    if (!r.operation) r.operation = "";
+    return true;
+  }
+
   struct alignas(64) slot {
     std::atomic<std::uint64_t> id{0};
     std::atomic<std::uint64_t> group{0}, seq{0}, count{0};
