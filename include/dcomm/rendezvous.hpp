@@ -7,6 +7,10 @@
 //   world_size       compare_set: every rank must agree with the first
 //   rank/<r>/present set once rank r has joined; everyone waits for all
 //   rank/<r>/departed  set by depart(); rank 0 waits for all before leaving
+//   misconfigured    set by a rank that found the job misconfigured (world
+//                    sizes differ, a rank claimed twice), which also sets
+//                    every absent rank/<r>/present: the others wake and fail
+//                    at once with its reason instead of at the deadline
 // While waiting, the ranks still missing are reported every
 // progress_interval; at the deadline the error names them.
 #pragma once
@@ -88,6 +92,20 @@ inline std::string whoami() {
   return std::string(host) + " pid " + std::to_string(::getpid());
 }
 
+inline constexpr const char* misconfigured_key = "dcomm/rdzv/misconfigured";
+
+// This rank found the job misconfigured: it tells the others (see the top
+// of this file) before it fails. Best effort: where the store fails too,
+// the others still have their deadline.
+inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s, int rank, int world,
+                                                std::string reason) {
+  try {
+    co_await s->compare_set(misconfigured_key, "", "rank " + std::to_string(rank) + ": " + reason);
+    for (int r = 0; r < world; ++r) co_await s->compare_set(rdzv_key(r, "present"), "", "!");
+  } catch (const std::exception&) {
+  }
+}
+
 // Which of `ranks` have not set their rank/<r>/<what> key yet.
 inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
                                                        std::vector<int> ranks, std::string what) {
@@ -140,15 +158,29 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 
   // The public operations, not the *_impl coroutines: those must run on the
   // store's own executor (a strand for tcp_store), and this may not.
+  // What this rank finds wrong, the others are told before it fails.
+  std::string wrong;
+  int others = world_size;  // the size the ranks that agreed wait for
   auto joins = co_await s->add(rdzv_key(rank, "joins"), 1);
-  if (joins > 1)
-    fail(errc::mismatch, "rank " + std::to_string(rank) +
-                             " is claimed by more than one process (a rank given twice, or a "
-                             "stale store left by an earlier job at this address)");
-  auto agreed = co_await s->compare_set("dcomm/rdzv/world_size", "", std::to_string(world_size));
-  if (agreed != std::to_string(world_size))
-    fail(errc::mismatch, "ranks disagree on the world size: this rank says " +
-                             std::to_string(world_size) + ", an earlier rank said " + agreed);
+  if (joins > 1) {
+    wrong = "rank " + std::to_string(rank) +
+            " is claimed by more than one process (a rank given twice, or a stale store left by "
+            "an earlier job at this address)";
+  } else {
+    auto agreed = co_await s->compare_set("dcomm/rdzv/world_size", "", std::to_string(world_size));
+    if (agreed != std::to_string(world_size)) {
+      wrong = "ranks disagree on the world size: rank " + std::to_string(rank) + " says " +
+              std::to_string(world_size) + ", an earlier rank said " + agreed;
+      try {
+        others = std::stoi(agreed);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  if (!wrong.empty()) {
+    co_await tell_misconfigured(s, rank, others, wrong);
+    fail(errc::mismatch, wrong);
+  }
   co_await s->set(rdzv_key(rank, "present"), whoami());
 
   std::vector<int> missing;
@@ -188,9 +220,18 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
     else
       log(log_level::warning, line);
   }
+  // Woken by a rank that found the job misconfigured: its reason, now.
+  std::vector<std::string> told(1, misconfigured_key);
+  if (co_await s->check(told)) {
+    const std::string why = co_await s->get(told.front(), time_left(deadline));
+    fail(errc::mismatch, "the job is misconfigured, as " + why, why.substr(0, why.find(':')));
+  }
   // A duplicate that joined after us is only visible now.
-  if (std::stoll(co_await s->get(rdzv_key(rank, "joins"), time_left(deadline))) > 1)
-    fail(errc::mismatch, "rank " + std::to_string(rank) + " is claimed by more than one process");
+  if (std::stoll(co_await s->get(rdzv_key(rank, "joins"), time_left(deadline))) > 1) {
+    wrong = "rank " + std::to_string(rank) + " is claimed by more than one process";
+    co_await tell_misconfigured(s, rank, world_size, wrong);
+    fail(errc::mismatch, wrong);
+  }
 }
 
 // Every rank but 0 says it is done with the store; rank 0, which serves a

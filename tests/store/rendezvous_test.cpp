@@ -3,7 +3,11 @@
 #include "dcomm/rendezvous.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -247,6 +251,77 @@ TEST_CASE("ranks that disagree on the world size, or share a rank, fail instead 
     // Neither may think the world formed: rank 1 never came.
     CHECK_FALSE(errors[0].empty());
     CHECK_FALSE(errors[1].empty());
+  }
+}
+
+TEST_CASE("one rank with the wrong WORLD_SIZE: every rank fails at once with its reason") {
+  // Rank 2 says 5 where the others say 4. Whoever finds the mismatch tells
+  // the others through the store: nobody waits for the deadline (20 s), and
+  // nobody is left with a bare "peer lost" when rank 0 and its store go.
+  DCOMM_TEST_DEADLINE(60s);
+  constexpr int n = 4;
+  listening_socket ls;
+  auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+    std::map<std::string, std::string> vars = {{"MASTER_ADDR", "127.0.0.1"},
+                                               {"MASTER_PORT", std::to_string(ls.port)},
+                                               {"RANK", std::to_string(rank)},
+                                               {"WORLD_SIZE", rank == 2 ? "5" : "4"}};
+    if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls.fd());
+    // Rank 2 comes last (most often), so that the others are already waiting.
+    if (rank == 2) std::this_thread::sleep_for(300ms);
+    try {
+      dcomm::rendezvous({.init_method = "env://", .timeout = 20s, .env = env_of(vars)});
+    } catch (const dcomm::error& e) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+      const std::string what = e.what();
+      const bool named = contains(what, "disagree on the world size") &&
+                         (contains(what, "says 5") || contains(what, "said 5"));
+      return named ? 0 : 2;
+    }
+    return 1;
+  });
+  require_all_ok(results);
+}
+
+TEST_CASE("another program on the store's port: the handshake says so, not just 'timed out'") {
+  DCOMM_TEST_DEADLINE(60s);
+  auto join_as_rank_1 = [](std::uint16_t port) -> std::string {
+    try {
+      dcomm::rendezvous({.init_method = "tcp://127.0.0.1:" + std::to_string(port),
+                         .rank = 1,
+                         .world_size = 2,
+                         .timeout = 2s});
+    } catch (const dcomm::error& e) {
+      return std::string(e.what()) + " [" + e.code().message() + "]";
+    }
+    return "no error";
+  };
+  listening_socket ls;
+  SUBCASE("one that waits for its own protocol") {
+    std::jthread silent([&] {
+      const int fd = ::accept(ls.fd(), nullptr, nullptr);
+      std::this_thread::sleep_for(3s);
+      if (fd >= 0) ::close(fd);
+    });
+    const std::string what = join_as_rank_1(ls.port);
+    INFO(what);
+    CHECK(contains(what, "nothing answered the handshake: another program"));
+  }
+  SUBCASE("one that answers in its own protocol") {
+    std::jthread http([&] {
+      const int fd = ::accept(ls.fd(), nullptr, nullptr);
+      if (fd < 0) return;
+      const std::string reply =
+          "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+      [[maybe_unused]] auto n = ::write(fd, reply.data(), reply.size());
+      std::this_thread::sleep_for(500ms);
+      ::close(fd);
+    });
+    const std::string what = join_as_rank_1(ls.port);
+    INFO(what);
+    CHECK(contains(what,
+                   "another program answers at this address, not a dcomm server (it sent "
+                   "\"HTTP/1.1 400 Bad Request\")"));
   }
 }
 

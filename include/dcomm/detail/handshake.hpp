@@ -21,7 +21,9 @@
 // a token refuses a server that does not ask for one (no silent downgrade).
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -30,6 +32,7 @@
 #include <string_view>
 
 #include "dcomm/detail/hmac.hpp"
+#include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/wire.hpp"
 
@@ -48,6 +51,9 @@ inline constexpr std::size_t max_purpose_length = 64;
 inline constexpr std::uint8_t proof_none = 0;
 inline constexpr std::uint8_t proof_mac = 1;
 inline constexpr std::uint8_t proof_refuses_server = 2;
+// A dcomm server answers a hello at once; after this long in silence the
+// client warns that another program may hold the port.
+inline constexpr std::chrono::seconds silent_server_warning{5};
 
 struct handshake_config {
   std::string purpose{};  // "store", "tcp_backend", ...
@@ -109,6 +115,46 @@ inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_
   }
 }
 
+// The first bytes another program sent, for a message: at most 24, the
+// unprintable ones as '.'.
+inline std::string printable_prefix(std::string_view bytes) {
+  std::string s;
+  for (char c : bytes.substr(0, 24)) s += (c >= 0x20 && c < 0x7f) ? c : '.';
+  return s;
+}
+
+// The server's first answer. Silence is what another program on the port
+// (one that waits for its own protocol) looks like: warned of after
+// silent_server_warning, and named in the timeout at the deadline.
+inline asio::awaitable<std::string> read_offer(ip_tcp::socket& socket,
+                                               detail::clock::time_point deadline,
+                                               const error_context& ctx) {
+  constexpr std::size_t size = 4 + 2 + 1 + 32;
+  const auto warn_at = std::min(deadline, detail::clock::now() + silent_server_warning);
+  bool warned = false;
+  for (;;) {
+    std::exception_ptr failure;
+    try {
+      co_return co_await read_n(socket, size, warned ? deadline : warn_at, ctx);
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+      failure = std::current_exception();
+    }
+    if (warned || warn_at >= deadline) {
+      auto c = ctx;
+      c.detail =
+          "nothing answered the handshake: another program (not a dcomm server) may hold the "
+          "port";
+      throw error(errc::timeout, c);
+    }
+    warned = true;
+    log(log_level::warning, "nothing has answered the handshake at " + ctx.address + " for " +
+                                std::to_string(silent_server_warning.count()) +
+                                " s: another program (not a dcomm server) may hold the port; "
+                                "waiting until the deadline");
+  }
+}
+
 inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshake_config& config,
                                           const std::string& address,
                                           detail::clock::time_point deadline) {
@@ -124,10 +170,12 @@ inline asio::awaitable<void> client_steps(ip_tcp::socket& socket, const handshak
       .raw(as_view(nonce_c));
   co_await write_all(socket, std::move(hello.bytes()), deadline, ctx);
 
-  std::string offer = co_await read_n(socket, 4 + 2 + 1 + 32, deadline, ctx);
+  std::string offer = co_await read_offer(socket, deadline, ctx);
   wire_reader r(offer);
   if (r.raw(4) != handshake_magic) {
-    ctx.detail = "the peer is not a dcomm server (wrong magic)";
+    ctx.detail = "another program answers at this address, not a dcomm server (it sent \"" +
+                 printable_prefix(offer) +
+                 "\"): is the port taken by something else? (MASTER_PORT, the URL's port)";
     throw error(errc::protocol_error, ctx);
   }
   if (auto v = r.u16(); v != protocol_version) {
