@@ -15,7 +15,9 @@
 // survivor that exits on the lost peer moments later is not the one named).
 // --timeout bounds the whole job (exit 124). Usage errors: exit 2. The
 // options (torchrun's spellings too, PET_* defaults) are in run/options.hpp;
-// --tee/--redirects copy or move each rank's output to --log-dir.
+// --tee/--redirects copy or move each rank's output to --log-dir. Each rank
+// gets a TORCHELASTIC_ERROR_FILE, as under torchrun: the message of the rank
+// named as the first to fail is printed (and written to dcomm-run's own).
 //
 // The job is authenticated: the ranks share DCOMM_JOB_TOKEN, the one in
 // dcomm-run's environment or, on a single node, a fresh random one (none
@@ -58,6 +60,7 @@
 #include "dcomm/launch/job_token.hpp"
 #include "dcomm/launch/master_socket.hpp"
 #include "dcomm/launch/rank_environment.hpp"
+#include "run/error_files.hpp"
 #include "run/options.hpp"
 
 namespace {
@@ -217,6 +220,7 @@ class job {
     std::fflush(nullptr);
     deaths.count.store(static_cast<std::size_t>(o_.nproc), std::memory_order_release);
     const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
+    errors_.prepare();
     for (int local = 0; local < o_.nproc; ++local) {
       const dcomm::launch::rank_environment environment{
           .master_addr = o_.master_addr,
@@ -273,12 +277,17 @@ class job {
           std::perror("dcomm-run: pipe");
           return false;
         }
+    const std::string error_file = errors_.path_for(environment.rank);
     const pid_t pid = dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
       if (piped) {
         ::dup2(pipes[0][1], 1);
         ::dup2(pipes[1][1], 2);
       }
       environment.apply();
+      if (error_file.empty())
+        ::unsetenv(dcomm::trace::error_file_variable);  // dcomm-run's own is not the rank's
+      else
+        ::setenv(dcomm::trace::error_file_variable, error_file.c_str(), 1);
       ::execvp(args[0], args);
       const int err = errno;
       write_all(2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
@@ -339,7 +348,11 @@ class job {
     for (std::size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       auto* s = owners[i].first;
-      if (!pump(*s, o_.prefix ? "[" + std::to_string(owners[i].second) + "] " : "")) {
+      // Appended, not "[" + ... + "] ": g++ 12 -O2 warns (-Wrestrict) on that
+      // operator+ chain, a false positive (GCC bug 105651).
+      std::string prefix;
+      if (o_.prefix) prefix.append("[").append(std::to_string(owners[i].second)).append("] ");
+      if (!pump(*s, prefix)) {
         ::close(s->fd);
         s->fd = -1;
         if (s->file >= 0) ::close(s->file);
@@ -381,6 +394,12 @@ class job {
                                    : "; no other rank is running";
       std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s%s\n", outputs_[local].rank,
                    static_cast<int>(r.pid), how.c_str(), rest.c_str());
+      // What it wrote to its TORCHELASTIC_ERROR_FILE, here and to ours.
+      if (const std::string why = errors_.message_of(outputs_[local].rank); !why.empty()) {
+        std::fprintf(stderr, "dcomm-run: rank %d failed with: %s\n", outputs_[local].rank,
+                     why.c_str());
+        dcomm::trace::write_error_file("rank " + std::to_string(outputs_[local].rank) + ": " + why);
+      }
       std::fflush(stderr);
       stop_ranks(SIGTERM);
     }
@@ -499,6 +518,7 @@ class job {
   const options& o_;
   dcomm::launch::child_group ranks_;
   std::vector<rank_output> outputs_;  // by local rank, as ranks_
+  dcomm_run::error_files errors_;     // the ranks' TORCHELASTIC_ERROR_FILEs
   std::optional<clock_type::time_point> drain_until_;
   int exit_code_ = 0;
   bool failed_ = false;

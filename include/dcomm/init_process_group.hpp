@@ -26,6 +26,7 @@
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/store/tcp_store.hpp"
+#include "dcomm/trace/error_file.hpp"
 
 namespace dcomm {
 
@@ -173,6 +174,16 @@ void dump_on_signal(comm_runtime<Backend>& rt) {
       });
 }
 
+// A failed start-up in TORCHELASTIC_ERROR_FILE (trace/error_file.hpp).
+inline void note_init_failure(const std::exception_ptr& failure) noexcept {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    trace::note_first_failure(e.what());
+  } catch (...) {
+  }
+}
+
 // Both entry points end in rethrow_as_dcomm_error: every failure is fixed
 // at its source to be a dcomm::error with context, and a raw
 // std::system_error that still gets this far (a socket error on a path
@@ -181,6 +192,7 @@ void dump_on_signal(comm_runtime<Backend>& rt) {
 template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                                                         std::shared_ptr<io_thread> thread) {
+  trace::write_error_file_on_terminate();  // TORCHELASTIC_ERROR_FILE
   auto ex = co_await asio::this_coro::executor;
   error_context where{.operation = "init_process_group", .rank = o.rank, .address = o.init_method};
   std::exception_ptr failure;
@@ -211,6 +223,7 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
     failure = std::current_exception();
   }
   failure = as_dcomm_error(failure, std::move(where));
+  note_init_failure(failure);
   // Rank 0 hosts the store: the others learn why it leaves (leave_store).
   if (joined) co_await leave_store(joined, failure);
   std::rethrow_exception(failure);
@@ -220,6 +233,7 @@ template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s, int rank,
                                                        int world, init_options<Backend> o,
                                                        std::shared_ptr<io_thread> thread) {
+  trace::write_error_file_on_terminate();  // TORCHELASTIC_ERROR_FILE
   error_context where{.operation = "init_process_group", .rank = rank, .address = s->address()};
   std::exception_ptr failure;
   try {
@@ -230,7 +244,9 @@ asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s,
   } catch (...) {
     failure = std::current_exception();
   }
-  rethrow_as_dcomm_error(failure, std::move(where));
+  failure = as_dcomm_error(failure, std::move(where));
+  note_init_failure(failure);
+  std::rethrow_exception(failure);
 }
 
 }  // namespace detail

@@ -2,16 +2,21 @@
 // a Kubernetes job's PET_* defaults, --tee/--redirects/--log-dir, node 0
 // telling the other nodes where it listens, and the first rank to die being
 // the one named when a survivor exits right after it.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "support/deadline.hpp"
+#include "support/listening_socket.hpp"
 #include "support/run_launcher.hpp"
 
 using namespace std::chrono_literals;
@@ -30,6 +35,13 @@ std::string fresh_folder() {
   char name[] = "/tmp/dcomm-run-test-XXXXXX";
   REQUIRE(::mkdtemp(name) != nullptr);
   return name;
+}
+
+// This binary: launcher_test.cpp's main makes it a rank program.
+std::string self_path() {
+  char path[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", path, sizeof(path) - 1) > 0);
+  return path;
 }
 
 const std::string print_layout = "echo $RANK/$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE";
@@ -145,5 +157,74 @@ TEST_SUITE("launcher") {
       CHECK_FALSE(has(r.err, "dcomm-run: rank 0 (pid "));
     }
     std::system(("rm -rf '" + dir + "'").c_str());
+  }
+
+  TEST_CASE("each rank writes its TORCHELASTIC_ERROR_FILE; dcomm-run prints the blamed one's") {
+    DCOMM_TEST_DEADLINE(90s);
+    const std::string dir = fresh_folder();
+    const std::string outer = dir + "/dcomm-run.json";  // as if torchrun ran dcomm-run
+    SUBCASE("an uncaught exception") {
+      auto r = run({"-n", "3", "--timeout", "60", self_path(), "--as-failing-rank"},
+                   {.env = {"TORCHELASTIC_ERROR_FILE=" + outer}});
+      INFO(r.err);
+      CHECK(r.status != 0);
+      CHECK(has(r.err, "dcomm-run: rank 1 (pid "));
+      CHECK(has(r.err, "dcomm-run: rank 1 failed with: rank 1 gives up: its dataset is missing"));
+      const std::string json = read_file(outer);
+      INFO(json);
+      CHECK(has(json,
+                "{\"message\": {\"message\": \"rank 1: rank 1 gives up: its dataset is "
+                "missing\", \"extraInfo\": {\"timestamp\": \""));
+    }
+    SUBCASE("a dcomm::error caught by the program, which returns 1") {
+      auto r = run({"-n", "3", "--timeout", "60", self_path(), "--as-trace-rank", "mismatch"});
+      INFO(r.err);
+      CHECK(r.status == 1);
+      CHECK(has(r.err, " failed with: dcomm: mismatch between ranks in "));
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Under the real torchrun (Debian's python3-torch: meson's test 'torchrun',
+// skipped where it is not installed), dcomm programs started with
+// --no_python as torch users start theirs.
+TEST_SUITE("torchrun") {
+  // torchrun 1.13 under Python 3.11 cannot parse --redirects/--tee 0 (its
+  // default): Std(0) is no longer iterated. 1 (stdout) parses.
+  std::vector<std::string> torchrun_args(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--nproc_per_node", "3", "--redirects", "1", "--tee", "1",
+                               "--no_python", self_path()});
+    return args;
+  }
+  std::string torchrun() {
+    const char* path = std::getenv("TORCHRUN");
+    REQUIRE_MESSAGE(path, "TORCHRUN is not set (run the tests through meson)");
+    return path;
+  }
+
+  TEST_CASE("its failure summary shows each rank's error, not <N/A>") {
+    DCOMM_TEST_DEADLINE(120s);
+    auto args = torchrun_args({"--as-failing-rank"});
+    args.insert(args.begin(), "--standalone");
+    auto r = run(args, {.program = torchrun()});
+    INFO(r.err);
+    CHECK(r.status != 0);
+    CHECK(has(r.err, "traceback : rank 1 gives up: its dataset is missing"));
+    CHECK(has(r.err, "traceback : dcomm: peer lost in barrier"));
+    CHECK_FALSE(has(r.err, "<N/A>"));
+  }
+
+  TEST_CASE("without --standalone its agent holds MASTER_PORT: rank 0 says what to do") {
+    DCOMM_TEST_DEADLINE(120s);
+    const int port = dcomm::test::free_port();  // for the agent's store
+    auto args = torchrun_args({"--as-failing-rank"});
+    args.insert(args.begin(),
+                {"--master_addr", "127.0.0.1", "--master_port", std::to_string(port)});
+    auto r = run(args, {.program = torchrun()});
+    INFO(r.err);
+    CHECK(r.status != 0);
+    CHECK(has(r.err, "torchrun's agent listens there with a store of its own"));
+    CHECK_FALSE(has(r.err, "rank 1 gives up"));  // nobody got that far
   }
 }

@@ -22,6 +22,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,6 +152,17 @@ int as_trace_rank(const std::string& scenario) {
     std::fprintf(stderr, "rank failed: %s\n", e.what());
     return 1;
   }
+}
+
+// `launcher_tests --as-failing-rank` (world 3, under dcomm-run): rank 1
+// throws from main, an uncaught exception that ends it through
+// std::terminate; the others fail in a barrier on its loss.
+int as_failing_rank() {
+  auto comm =
+      dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 5s});
+  if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up: its dataset is missing");
+  comm.barrier(dcomm::blocking);
+  return 0;
 }
 
 // A fresh folder for a test's dumps.
@@ -559,6 +571,7 @@ TEST_SUITE("trace analyzer") {
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
   if (argc == 3 && std::string(argv[1]) == "--as-trace-rank") return as_trace_rank(argv[2]);
+  if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

@@ -37,11 +37,14 @@ struct launch {
   // Called with the launcher's pid and its stdout so far, after each read,
   // until it returns true: e.g. to send a signal once the ranks are ready.
   std::function<bool(pid_t, const std::string&)> on_output{};
+  // Another launcher to run instead (e.g. torchrun).
+  std::string program{};
 };
 
-// Runs dcomm-run with `args` until it exits and its output ends.
+// Runs dcomm-run (or how.program) with `args` until it exits and its output
+// ends.
 inline result run(std::vector<std::string> args, const launch& how = {}) {
-  args.insert(args.begin(), launcher());
+  args.insert(args.begin(), how.program.empty() ? launcher() : how.program);
   int out[2], err[2];
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   REQUIRE(::pipe2(err, O_CLOEXEC) == 0);

@@ -19,6 +19,7 @@
 #include "dcomm/detail/log.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
+#include "dcomm/trace/error_file.hpp"
 #include "dcomm/trace/flight_recorder.hpp"
 #include "dcomm/trace/op_stats.hpp"
 #include "dcomm/trace/signal_dump.hpp"
@@ -153,6 +154,7 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, const cal
   const auto c = static_cast<errc>(code);
   if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
     return;
+  trace::note_first_failure(reason);  // TORCHELASTIC_ERROR_FILE
   const std::string path = trace::failure_dump_path(rt.backend->rank());
   if (path.empty()) return;
   try {

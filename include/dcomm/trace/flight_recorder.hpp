@@ -58,6 +58,7 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/detail/clock.hpp"
+#include "dcomm/detail/json_text.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
 
@@ -350,21 +351,7 @@ class flight_recorder {
     std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
     return b;
   }
-  static void quoted(std::ostringstream& j, std::string_view s) {
-    j << '"';
-    for (char c : s) {
-      if (c == '"' || c == '\\') {
-        j << '\\' << c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        char b[8];
-        std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        j << b;
-      } else {
-        j << c;
-      }
-    }
-    j << '"';
-  }
+  static void quoted(std::ostringstream& j, std::string_view s) { j << detail::json_quoted(s); }
 
   std::vector<slot> slots_;
   std::uint64_t mask_;
