@@ -61,6 +61,7 @@
 #include "dcomm/launch/master_socket.hpp"
 #include "dcomm/launch/rank_environment.hpp"
 #include "run/error_files.hpp"
+#include "run/folders.hpp"
 #include "run/options.hpp"
 
 namespace {
@@ -526,61 +527,13 @@ class job {
   std::chrono::system_clock::time_point dumps_asked_{};
 };
 
-// --trace-dir: made if missing, this node's ranks' old dumps removed (so
-// the verdict reads this job's), and named to the ranks.
-bool prepare_trace_dir(const options& o) {
-  if (o.trace_dir.empty()) return true;
-  if (::mkdir(o.trace_dir.c_str(), 0777) != 0 && errno != EEXIST) {
-    std::fprintf(stderr, "dcomm-run: cannot make --trace-dir %s: %s\n", o.trace_dir.c_str(),
-                 std::strerror(errno));
-    return false;
-  }
-  for (int local = 0; local < o.nproc; ++local)
-    std::remove((o.trace_dir + "/dcomm-trace-rank" + std::to_string(o.node_rank * o.nproc + local) +
-                 ".json")
-                    .c_str());
-  ::setenv("DCOMM_TRACE_DIR", o.trace_dir.c_str(), 1);
-  return true;
-}
-
-// --timeline: this node's ranks' old timelines removed (the merge reads
-// this job's), and the path named to the ranks.
-void prepare_timeline(const options& o) {
-  if (o.timeline.empty()) return;
-  std::string stem = o.timeline;
-  if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
-  for (int local = 0; local < o.nproc; ++local)
-    std::remove((stem + "-rank" + std::to_string(o.node_rank * o.nproc + local) + ".json").c_str());
-  ::setenv("DCOMM_TRACE", o.timeline.c_str(), 1);
-}
-
 }  // namespace
-
-// --tee or --redirects without --log-dir: a fresh folder, named.
-bool prepare_log_dir(options& o) {
-  if (!o.tee && !o.redirects) return true;
-  if (o.log_dir.empty()) {
-    char name[] = "/tmp/dcomm-run-XXXXXX";
-    if (!::mkdtemp(name)) {
-      std::perror("dcomm-run: mkdtemp");
-      return false;
-    }
-    o.log_dir = name;
-  } else if (::mkdir(o.log_dir.c_str(), 0777) != 0 && errno != EEXIST) {
-    std::fprintf(stderr, "dcomm-run: cannot make --log-dir %s: %s\n", o.log_dir.c_str(),
-                 std::strerror(errno));
-    return false;
-  }
-  std::fprintf(stderr, "dcomm-run: the ranks' output goes to %s/<rank>/stdout.log and stderr.log\n",
-               o.log_dir.c_str());
-  return true;
-}
 
 int main(int argc, char** argv) {
   options o = dcomm_run::parse(argc, argv);
   if (o.nproc > static_cast<int>(death_stamps::max_ranks))
     dcomm_run::usage("at most " + std::to_string(death_stamps::max_ranks) + " ranks per node");
-  if (!prepare_log_dir(o)) return 2;
+  if (!dcomm_run::prepare_log_dir(o)) return 2;
   std::optional<std::string> token;
   try {
     token = job_token_for(o);
@@ -605,8 +558,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!prepare_trace_dir(o)) return 2;
-  prepare_timeline(o);
+  if (!dcomm_run::prepare_trace_dir(o)) return 2;
+  dcomm_run::prepare_timeline(o);
   pass_signals_to_ranks();
   job j(o);
   if (!j.start(token, socket)) return 1;
