@@ -101,7 +101,10 @@ inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s, int ra
                                                 std::string reason) {
   try {
     co_await s->compare_set(misconfigured_key, "", "rank " + std::to_string(rank) + ": " + reason);
-    for (int r = 0; r < world; ++r) co_await s->compare_set(rdzv_key(r, "present"), "", "!");
+    // Beyond that many (a typo such as WORLD_SIZE=100000), the others find
+    // the reason at the end of their current wait slice instead.
+    for (int r = 0; r < std::min(world, 1024); ++r)
+      co_await s->compare_set(rdzv_key(r, "present"), "", "!");
   } catch (const std::exception&) {
   }
 }
@@ -185,6 +188,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) missing.push_back(r);
+  const std::vector<std::string> told(1, misconfigured_key);  // by a rank (the top of this file)
   auto last_line = start;
   for (;;) {
     std::vector<std::string> keys;
@@ -196,6 +200,7 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
     } catch (const dcomm::error& e) {
       if (e.code() != errc::timeout) throw;
     }
+    if (co_await s->check(told)) break;  // its reason: below
     missing = co_await ranks_without(s, missing, "present");
     if (missing.empty()) break;
     using std::chrono::duration_cast;
@@ -221,7 +226,6 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
       log(log_level::warning, line);
   }
   // Woken by a rank that found the job misconfigured: its reason, now.
-  std::vector<std::string> told(1, misconfigured_key);
   if (co_await s->check(told)) {
     const std::string why = co_await s->get(told.front(), time_left(deadline));
     fail(errc::mismatch, "the job is misconfigured, as " + why, why.substr(0, why.find(':')));

@@ -144,14 +144,15 @@ inline asio::awaitable<std::string> read_offer(ip_tcp::socket& socket,
       auto c = ctx;
       c.detail =
           "nothing answered the handshake: another program (not a dcomm server) may hold the "
-          "port";
+          "port, or the process there is stopped";
       throw error(errc::timeout, c);
     }
     warned = true;
     log(log_level::warning, "nothing has answered the handshake at " + ctx.address + " for " +
                                 std::to_string(silent_server_warning.count()) +
-                                " s: another program (not a dcomm server) may hold the port; "
-                                "waiting until the deadline");
+                                " s (a dcomm server answers at once): another program may hold "
+                                "the port, or the process there is stopped; waiting until the "
+                                "deadline");
   }
 }
 
