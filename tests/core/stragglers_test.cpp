@@ -98,7 +98,7 @@ TEST_SUITE("stragglers") {
       const std::string over = expected_transport(l);
       CAPTURE(over);
       constexpr int rounds = 12;
-      constexpr auto delay = 30ms;
+      static constexpr auto delay = 30ms;  // static: clang 14 wants a constexpr duration captured
       DCOMM_REQUIRE_WORLD(
           4,
           [l](comm& c, int rank) -> asio::awaitable<void> {
