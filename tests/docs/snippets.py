@@ -153,7 +153,9 @@ def generate(s, body):
                 f"{standard}{given}\n{body}\n}}\n}}  // namespace {s.ident}\n")
     executor = "" if s.bare else "  [[maybe_unused]] auto executor = co_await asio::this_coro::executor;\n"
     return (f"namespace {s.ident} {{\nasio::awaitable<void> snippet({params}) {{\n"
-            f"{standard}{executor}{given}\n{body}\n  co_return;\n}}\n}}  // namespace {s.ident}\n")
+            # co_return at the body's own indentation: after a block that ends
+            # in an unbraced `if`, clang's -Wmisleading-indentation fires otherwise.
+            f"{standard}{executor}{given}\n{body}\nco_return;\n}}\n}}  // namespace {s.ident}\n")
 
 
 def runner(s):
