@@ -24,6 +24,7 @@
 #include "dcomm/store/hash_store.hpp"
 #include "dcomm/store/prefix_store.hpp"
 #include "dcomm/store/store.hpp"
+#include "dcomm/store/c10d_store.hpp"
 #include "dcomm/store/tcp_store.hpp"
 #include "dcomm/tcp_backend.hpp"
 #include "dcomm/tensor.hpp"

@@ -32,6 +32,7 @@
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
+#include "dcomm/store/c10d_store.hpp"
 #include "dcomm/store/file_store.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/store/tcp_store.hpp"
@@ -64,18 +65,23 @@ struct rendezvous_result {
 
 namespace detail {
 
-// What to do when rank 0's port is taken. Under torchrun (not --standalone)
-// its agent holds MASTER_PORT with a store of its own
-// (TORCHELASTIC_USE_AGENT_STORE=True), which dcomm does not join.
-inline std::string port_taken_hint(const init_spec& spec, const env_lookup& env) {
-  if (spec.kind != init_kind::env) return "choose another port in " + spec.address();
+// Whether torch's agent serves the job's store (torchrun without
+// --standalone, the TorchElastic agent, Kubeflow's PyTorchJob): it says so
+// with TORCHELASTIC_USE_AGENT_STORE=True and listens on MASTER_ADDR:
+// MASTER_PORT. Its workers use it under "/worker/attempt_<restart>/", as
+// torch's env:// rendezvous does; dcomm joins it the same way.
+inline bool agent_serves_store(const env_lookup& env) {
   const auto agent = env ? env("TORCHELASTIC_USE_AGENT_STORE") : std::nullopt;
-  if (agent && (*agent == "True" || *agent == "true" || *agent == "1"))
-    return "torchrun's agent listens there with a store of its own "
-           "(TORCHELASTIC_USE_AGENT_STORE=" +
-           *agent +
-           "), which dcomm does not join: run torchrun with --standalone (one node), or start "
-           "the ranks with dcomm-run";
+  return agent && (*agent == "True" || *agent == "true" || *agent == "1");
+}
+inline std::string agent_store_prefix(const env_lookup& env) {
+  const auto restart = env("TORCHELASTIC_RESTART_COUNT");
+  return "/worker/attempt_" + restart.value_or("0") + "/";
+}
+
+// What to do when rank 0's port is taken.
+inline std::string port_taken_hint(const init_spec& spec) {
+  if (spec.kind != init_kind::env) return "choose another port in " + spec.address();
   return "choose another MASTER_PORT" +
          (spec.address_from.empty() || spec.address_from.starts_with("MASTER_ADDR and MASTER_PORT")
               ? std::string()
@@ -278,6 +284,13 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
                            .spec = spec};
   if (spec.kind == init_kind::file) {
     result.store = file_store::create(executor, spec.path, spec.world_size, options.timeout);
+  } else if (spec.kind == init_kind::env && agent_serves_store(options.env)) {
+    result.store = c10d_store::create(executor, {.host = spec.host,
+                                                 .port = spec.port,
+                                                 .prefix = agent_store_prefix(options.env),
+                                                 .timeout = options.timeout,
+                                                 .rank = spec.rank,
+                                                 .server_name = "torchrun's agent store"});
   } else {
     bool host_server = spec.rank == 0;
     int listen_fd = -1;
@@ -308,7 +321,7 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
       ctx.operation = "rendezvous";
       ctx.rank = spec.rank;
       ctx.detail = "rank 0 cannot listen on port " + std::to_string(spec.port) +
-                   ": another process holds it; " + detail::port_taken_hint(spec, options.env);
+                   ": another process holds it; " + detail::port_taken_hint(spec);
       throw error(e.code(), ctx);
     }
   }
@@ -332,7 +345,8 @@ inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor ex
 }  // namespace detail
 
 // Joins the job described by options.init_method; the store it returns is
-// served by rank 0 (tcp) or lives in a file (file://). Its operations run on
+// served by rank 0 (tcp), by torch's agent (env:// under torchrun: see
+// agent_serves_store) or lives in a file (file://). Its operations run on
 // `executor`.
 template <completion_token_for<rendezvous_result> Token = default_token_t>
 auto rendezvous(asio::any_io_executor executor, rendezvous_options options, Token&& token = {}) {

@@ -31,6 +31,7 @@
 #include "dcomm/detail/hmac.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/rendezvous.hpp"
+#include "dcomm/trace/error_file.hpp"
 #include "support/deadline.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_launcher.hpp"
@@ -112,6 +113,30 @@ int as_rank() {
   }
 }
 
+// The rank program under torchrun without --standalone
+// (`launcher_tests --as-agent-store-rank`): rendezvous joins the agent's
+// TCPStore; the ranks agree on a sum through it, then all_reduce.
+int as_agent_store_rank() {
+  try {
+    auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
+    const bool c10d = dynamic_cast<dcomm::c10d_store*>(world.store.get()) != nullptr;
+    auto& s = *world.store;
+    s.add("sum", world.rank + 1, dcomm::blocking);
+    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+    std::vector<std::string> all;
+    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);
+    std::printf("rank %d: store %s, sum=%s\n", world.rank, c10d ? "c10d" : "dcomm",
+                s.get("sum", dcomm::blocking).c_str());
+    std::fflush(stdout);
+    dcomm::depart(world, dcomm::blocking);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    return 1;
+  }
+}
+
 // The rank program of the analyzer's tests (`launcher_tests --as-trace-rank
 // SCENARIO` under dcomm-run --trace-dir; world 3, 3 s deadlines). Every
 // rank makes barrier #0 and all_reduce #1; then, for call #2:
@@ -163,6 +188,28 @@ int as_failing_rank() {
   if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up: its dataset is missing");
   comm.barrier(dcomm::blocking);
   return 0;
+}
+
+// `launcher_tests --as-late-culprit` (world 2, under dcomm-run): rank 1
+// fails first (its error file written) but its process lingers; rank 0
+// then dies of it, naming it, and is reaped first. dcomm-run must name
+// rank 1, as it would when the kernel reports a survivor's death before the
+// failed rank's (its sockets close before its exit is reported).
+int as_late_culprit() {
+  const char* rank = std::getenv("RANK");
+  if (rank && std::string(rank) == "1") {
+    dcomm::trace::write_error_file("rank 1 gives up: its dataset is missing");
+    std::this_thread::sleep_for(1500ms);
+    return 3;
+  }
+  std::this_thread::sleep_for(300ms);
+  const dcomm::error lost(dcomm::errc::peer_lost,
+                          {.operation = "barrier",
+                           .rank = 0,
+                           .peers = "rank 1",
+                           .detail = "it closed the connection without a goodbye"});
+  dcomm::trace::write_error_file(lost.what());
+  return 1;
 }
 
 // A fresh folder for a test's dumps.
@@ -572,6 +619,8 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
   if (argc == 3 && std::string(argv[1]) == "--as-trace-rank") return as_trace_rank(argv[2]);
   if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();
+  if (argc == 2 && std::string(argv[1]) == "--as-agent-store-rank") return as_agent_store_rank();
+  if (argc == 2 && std::string(argv[1]) == "--as-late-culprit") return as_late_culprit();
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

@@ -14,10 +14,14 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "dcomm/rendezvous.hpp"
+#include "support/c10d_server.hpp"
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
 #include "support/listening_socket.hpp"
@@ -182,6 +186,36 @@ void check_store_contract(dcomm::test::store_world& world) {
     });
     CHECK(contains(refused.get_future().get(), "blocking call"));
   }
+}
+
+// Three ranks start as torchrun's workers do when its agent serves the
+// store (TORCHELASTIC_USE_AGENT_STORE=True, restart 2): they join it,
+// under "/worker/attempt_2/", and leave; the agent's Python side sees
+// their keys there.
+void check_agent_store_rendezvous(dcomm::test::c10d_server& agent) {
+  const int world = 3;
+  std::vector<std::future<int>> ranks;
+  for (int rank = 0; rank < world; ++rank)
+    ranks.push_back(std::async(std::launch::async, [&agent, rank] {
+      auto env = [&agent, rank](std::string_view name) -> std::optional<std::string> {
+        if (name == "TORCHELASTIC_USE_AGENT_STORE") return "True";
+        if (name == "TORCHELASTIC_RESTART_COUNT") return "2";
+        if (name == "MASTER_ADDR") return "127.0.0.1";
+        if (name == "MASTER_PORT") return std::to_string(agent.port);
+        if (name == "RANK") return std::to_string(rank);
+        if (name == "WORLD_SIZE") return "3";
+        return std::nullopt;
+      };
+      auto joined = dcomm::rendezvous({.timeout = 30s, .env = env});
+      CHECK(dynamic_cast<dcomm::c10d_store*>(joined.store.get()) != nullptr);
+      joined.store->add("sum", rank + 1, dcomm::blocking);
+      dcomm::depart(joined, dcomm::blocking);
+      return joined.rank;
+    }));
+  for (int rank = 0; rank < world; ++rank)
+    CHECK(ranks[static_cast<std::size_t>(rank)].get() == rank);
+  CHECK(agent.command("get /worker/attempt_2/sum") == "6");
+  CHECK(agent.command("get /worker/attempt_2/dcomm/rdzv/world_size") == "3");
 }
 
 }  // namespace
@@ -956,5 +990,89 @@ TEST_SUITE("tcp_store auth") {
     CHECK(contains(what, "test over"));
     CHECK(received.size() == 4 + 2 + 4 + 5 + 4 + 32 + 33);
     CHECK_FALSE(contains(received, token));
+  }
+}
+
+// c10d's TCPStore (store/c10d_store.hpp): torch 2's protocol as
+// c10d_server.py serves it, and what any server can do to a client.
+TEST_SUITE("c10d_store") {
+  TEST_CASE("c10d_store keeps the store contract on torch 2's protocol") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::c10d_world world("torch2");
+    check_store_contract(world);
+    asio::io_context ctx;
+    auto s = std::static_pointer_cast<dcomm::c10d_store>(world.handle(ctx.get_executor()));
+    dcomm::sync_wait(ctx, s->check(keys("any")));
+    CHECK(s->protocol() == "torch 2");
+  }
+
+  TEST_CASE("rendezvous joins torchrun's agent store under the workers' prefix") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::c10d_server agent("torch2");
+    check_agent_store_rendezvous(agent);
+  }
+
+  TEST_CASE("a server that is no TCPStore, or says nothing, is named at the deadline") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::tcp_world dcomm_server;   // dcomm's own store: waits for its handshake
+    dcomm::test::listening_socket silent;  // accepts (the backlog), never reads
+    for (auto port : {dcomm_server.port(), silent.port}) {
+      const auto started = std::chrono::steady_clock::now();
+      auto what = expect_error(errc::timeout, [&] {
+        auto s = dcomm::c10d_store::create({.port = port, .timeout = 500ms});
+        s->set("k", "v", dcomm::blocking);
+      });
+      CHECK(std::chrono::steady_clock::now() - started < 10s);
+      CHECK(contains(what, "expected c10d's TCPStore protocol"));
+      CHECK(contains(what, "did not answer dcomm's probe"));
+      CHECK(contains(what, "127.0.0.1:" + std::to_string(port)));
+    }
+  }
+
+  TEST_CASE("a server that dies fails a pending wait with peer_lost, naming the store") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::c10d_server agent("torch2");
+    auto s = dcomm::c10d_store::create({.port = agent.port, .timeout = 30s});
+    s->set("first", "1", dcomm::blocking);
+    auto waiting = s->wait(keys("never"), asio::use_future);
+    std::this_thread::sleep_for(200ms);
+    const auto started = std::chrono::steady_clock::now();
+    agent.kill();
+    auto what = expect_error(errc::peer_lost, [&] { waiting.get(); });
+    CHECK(std::chrono::steady_clock::now() - started < 10s);
+    CHECK(contains(what, "c10d_store.wait"));
+    CHECK(contains(what, "closed the connection"));
+    CHECK(contains(what, "127.0.0.1:" + std::to_string(agent.port)));
+  }
+}
+
+// The same against torch.distributed.TCPStore itself (Debian's
+// python3-torch, torch 1.13: meson's test 'c10d_store torch', skipped
+// where no Python has torch).
+TEST_SUITE("c10d_store torch") {
+  TEST_CASE("c10d_store keeps the store contract on torch's own TCPStore") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::test::c10d_world world("torch");
+    check_store_contract(world);
+  }
+
+  TEST_CASE("keys cross between Python's TCPStore and C++") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::c10d_server py("torch");
+    auto s = dcomm::c10d_store::create({.port = py.port, .timeout = 30s});
+    CHECK(py.command("set from_python hello") == "ok");
+    CHECK(s->get("from_python", dcomm::blocking) == "hello");
+    CHECK(s->protocol() == "torch 1");
+    auto later = s->get("later", 20s, asio::use_future);
+    s->set("from_cpp", "world", dcomm::blocking);
+    CHECK(py.command("get from_cpp") == "world");
+    CHECK(py.command("set later now") == "ok");
+    CHECK(later.get() == "now");
+  }
+
+  TEST_CASE("rendezvous joins torchrun's agent store (torch's own TCPStore)") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::test::c10d_server agent("torch");
+    check_agent_store_rendezvous(agent);
   }
 }
