@@ -215,16 +215,29 @@ TEST_SUITE("torchrun") {
     CHECK_FALSE(has(r.err, "<N/A>"));
   }
 
-  TEST_CASE("without --standalone its agent holds MASTER_PORT: rank 0 says what to do") {
+  TEST_CASE("without --standalone the ranks join its agent's store") {
     DCOMM_TEST_DEADLINE(120s);
     const int port = dcomm::test::free_port();  // for the agent's store
+    auto args = torchrun_args({"--as-agent-store-rank"});
+    args.insert(args.begin(),
+                {"--master_addr", "127.0.0.1", "--master_port", std::to_string(port)});
+    auto r = run(args, {.program = torchrun()});
+    INFO(r.out, r.err);
+    CHECK(r.status == 0);
+    for (int rank = 0; rank < 3; ++rank)
+      CHECK(has(r.out, "rank " + std::to_string(rank) + ": store c10d, sum=6"));
+  }
+
+  TEST_CASE("without --standalone its failure summary shows each rank's error too") {
+    DCOMM_TEST_DEADLINE(120s);
+    const int port = dcomm::test::free_port();
     auto args = torchrun_args({"--as-failing-rank"});
     args.insert(args.begin(),
                 {"--master_addr", "127.0.0.1", "--master_port", std::to_string(port)});
     auto r = run(args, {.program = torchrun()});
     INFO(r.err);
     CHECK(r.status != 0);
-    CHECK(has(r.err, "torchrun's agent listens there with a store of its own"));
-    CHECK_FALSE(has(r.err, "rank 1 gives up"));  // nobody got that far
+    CHECK(has(r.err, "traceback : rank 1 gives up: its dataset is missing"));
+    CHECK_FALSE(has(r.err, "<N/A>"));
   }
 }
