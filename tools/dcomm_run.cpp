@@ -381,29 +381,61 @@ class job {
   }
 
   void report_end(std::size_t local, const dcomm::launch::child_process& r) {
-    {
-      const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
-      if (ok || failed_ || received_signal) return;
-      failed_ = true;
-      exit_code_ = exit_code_of(r.status);
-      std::string how = WIFEXITED(r.status)
-                            ? "exited with status " + std::to_string(WEXITSTATUS(r.status))
-                            : "was killed by " + dcomm::launch::describe_status(r.status);
-      const int running = ranks_.running();
-      const std::string rest = running
-                                   ? "; stopping the other " + std::to_string(running) + " rank(s)"
-                                   : "; no other rank is running";
+    const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+    if (ok || failed_ || received_signal) return;
+    failed_ = true;
+    const std::size_t first = culprit(local);
+    const auto& f = ranks_[first];
+    exit_code_ = exit_code_of(f.done ? f.status : r.status);
+    const int running = ranks_.running();
+    const std::string rest = running
+                                 ? "; stopping the other " + std::to_string(running) + " rank(s)"
+                                 : "; no other rank is running";
+    if (first == local) {
       std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s%s\n", outputs_[local].rank,
-                   static_cast<int>(r.pid), how.c_str(), rest.c_str());
-      // What it wrote to its TORCHELASTIC_ERROR_FILE, here and to ours.
-      if (const std::string why = errors_.message_of(outputs_[local].rank); !why.empty()) {
-        std::fprintf(stderr, "dcomm-run: rank %d failed with: %s\n", outputs_[local].rank,
-                     why.c_str());
-        dcomm::trace::write_error_file("rank " + std::to_string(outputs_[local].rank) + ": " + why);
-      }
-      std::fflush(stderr);
-      stop_ranks(SIGTERM);
+                   static_cast<int>(r.pid), how_it_ended(r).c_str(), rest.c_str());
+    } else {
+      std::fprintf(stderr, "dcomm-run: rank %d (pid %d) %s first (rank %d, which %s, names it)%s\n",
+                   outputs_[first].rank, static_cast<int>(f.pid),
+                   f.done ? how_it_ended(f).c_str() : "failed", outputs_[local].rank,
+                   how_it_ended(r).c_str(), rest.c_str());
     }
+    // What it wrote to its TORCHELASTIC_ERROR_FILE, here and to ours.
+    const int rank = outputs_[first].rank;
+    if (const std::string why = errors_.message_of(rank); !why.empty()) {
+      std::fprintf(stderr, "dcomm-run: rank %d failed with: %s\n", rank, why.c_str());
+      dcomm::trace::write_error_file("rank " + std::to_string(rank) + ": " + why);
+    }
+    std::fflush(stderr);
+    stop_ranks(SIGTERM);
+  }
+
+  static std::string how_it_ended(const dcomm::launch::child_process& r) {
+    return WIFEXITED(r.status) ? "exited with status " + std::to_string(WEXITSTATUS(r.status))
+                               : "was killed by " + dcomm::launch::describe_status(r.status);
+  }
+
+  // The rank to name for the failure of rank `local`. A survivor can die of
+  // a lost peer before the kernel reports the peer's own death (its sockets
+  // close first), so the order of deaths is not enough: a dcomm error names
+  // the peer that caused it ("peers rank P"), and if rank P wrote an error
+  // file of its own, P failed first.
+  std::size_t culprit(std::size_t local) const {
+    std::vector<bool> seen(outputs_.size(), false);
+    while (!seen[local]) {
+      seen[local] = true;
+      const std::string why = errors_.message_of(outputs_[local].rank);
+      const std::string mark = ", peers rank ";
+      const auto at = why.find(mark);
+      if (at == std::string::npos) break;
+      const int peer = std::atoi(why.c_str() + at + mark.size());
+      std::size_t next = outputs_.size();
+      for (std::size_t i = 0; i < outputs_.size(); ++i)
+        if (outputs_[i].rank == peer) next = i;
+      if (next == outputs_.size() || errors_.message_of(peer).empty()) break;
+      local = next;
+    }
+    return local;
   }
 
   // The SIGCHLD handler watches this rank from now on.

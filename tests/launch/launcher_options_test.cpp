@@ -176,6 +176,14 @@ TEST_SUITE("launcher") {
                 "{\"message\": {\"message\": \"rank 1: rank 1 gives up: its dataset is "
                 "missing\", \"extraInfo\": {\"timestamp\": \""));
     }
+    SUBCASE("a survivor reaped before the rank it names: the named one is blamed") {
+      auto r = run({"-n", "2", "--timeout", "60", self_path(), "--as-late-culprit"});
+      INFO(r.err);
+      CHECK(r.status == 1);  // rank 0 ended first: its status (rank 1 is then stopped)
+      CHECK(has(r.err, "dcomm-run: rank 1 (pid "));
+      CHECK(has(r.err, " failed first (rank 0, which exited with status 1, names it)"));
+      CHECK(has(r.err, "dcomm-run: rank 1 failed with: rank 1 gives up: its dataset is missing"));
+    }
     SUBCASE("a dcomm::error caught by the program, which returns 1") {
       auto r = run({"-n", "3", "--timeout", "60", self_path(), "--as-trace-rank", "mismatch"});
       INFO(r.err);
