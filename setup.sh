@@ -2,8 +2,8 @@
 # dcomm's setup script: installs what is missing (Debian 12), builds, runs.
 #
 #   ./setup.sh demo    build and run the demo: 4 ranks train on Fashion-MNIST (synchronous SGD)
-#   ./setup.sh test    build with g++ and clang++ (-Werror), with ASan+UBSan and TSan,
-#                      run every test, print 'N passed, N failed, N skipped'
+#   ./setup.sh test    build with g++ (-Werror), with ASan+UBSan and TSan, check every file
+#                      with clang++ (-Werror), run every test, print 'N passed, N failed, N skipped'
 #   ./setup.sh deps    only install the packages (the test command's)
 # Each installs what it is missing with apt-get (root, or sudo), prints its
 # builds' progress every 30 s, and says how long each part took.
@@ -92,19 +92,22 @@ run_tests() {
   local jobs
   jobs=$(nproc)
   local logs=() status=0
-  # name, compiler, options, targets, tests: g++ checks every header alone
-  # and builds the libtorch interop; clang builds without OpenSSL (the
-  # refusal of a token is tested there); the sanitizer build runs everything
-  # under ASan+UBSan; TSan runs the suites where ranks of one process share
-  # memory (the lock-free rings and the arena; the rest of the backend is one
-  # strand per rank), co_await's immediate resumption and the flight
-  # recorder. libtorch is built with g++ and not instrumented: the g++
-  # build alone compiles against it (its headers cost a minute per
-  # translation unit).
+  # name, compiler, options, targets, tests: g++ builds and runs everything,
+  # checks every header alone and builds the libtorch interop; clang checks
+  # every translation unit with -fsyntax-only (its diagnostics, -Werror; a
+  # third of the time of a build: tests/syntax_check.py), without OpenSSL;
+  # the sanitizer build runs the suites under ASan+UBSan, without OpenSSL
+  # (the refusal of a job token is tested there; g++'s run tests the
+  # tokens themselves); TSan runs the
+  # suites where ranks of one process share memory (the lock-free rings and
+  # the arena; the rest of the backend is one strand per rank), co_await's
+  # immediate resumption and the flight recorder. libtorch is built with g++
+  # and not instrumented: the g++ build alone compiles against it (its
+  # headers cost a minute per translation unit).
   local builds=(
     "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
-    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled||"
-    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
+    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
+    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
     "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers"
   )
   for b in "${builds[@]}"; do
@@ -113,6 +116,13 @@ run_tests() {
     echo "== $name: $compiler $options${tests:+ (tests: $tests)}"
     # shellcheck disable=SC2086
     configure "$dir" "$compiler" $options
+    if [ "$targets" = syntax-only ]; then
+      local checked=$SECONDS
+      python3 tests/syntax_check.py "$dir" "$jobs" >"$dir.log" 2>&1 || { cat "$dir.log"; status=1; }
+      echo "   $(tail -n 1 "$dir.log") (-fsyntax-only) in $(took "$checked")"
+      logs+=("$dir/meson-logs/testlog.json")
+      continue
+    fi
     # shellcheck disable=SC2086
     build "$dir" "$dir.log" $targets || return 1
     local tests_started=$SECONDS
