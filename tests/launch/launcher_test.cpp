@@ -615,6 +615,80 @@ TEST_SUITE("trace analyzer") {
   }
 }
 
+// Which address a rank advertises (tcp/interfaces.hpp), in a network
+// namespace of its own (`unshare -n`: root) with veth pairs: dca0
+// 10.71.0.1, dcb0 10.72.0.1 and fd72::1, dcc0 fd73::1 only. The ranks link
+// over TCP (DCOMM_TRANSPORT=tcp) to the address each advertised, which
+// DCOMM_LOG_LEVEL=info's start-up line names ("reached at ..."). meson's
+// test 'network interfaces' is skipped where unshare -n is refused.
+TEST_SUITE("network interfaces") {
+  // dcomm-run -n 2 over `as_trace_rank("clean")` in a fresh namespace.
+  result in_namespace(const std::string& env, const std::string& launcher_args = "") {
+    const std::string setup =
+        "set -e; ip link set lo up; "
+        "for p in a b c; do ip link add dc${p}0 type veth peer name dc${p}1; "
+        "ip link set dc${p}0 up; ip link set dc${p}1 up; done; "
+        "ip addr add 10.71.0.1/24 dev dca0; ip addr add 10.72.0.1/24 dev dcb0; "
+        "ip -6 addr add fd72::1/64 dev dcb0 nodad; ip -6 addr add fd73::1/64 dev dcc0 nodad; "
+        "sysctl -qw net.ipv6.conf.dca0.disable_ipv6=1 net.ipv6.conf.dca1.disable_ipv6=1 "
+        "net.ipv6.conf.dcb1.disable_ipv6=1 net.ipv6.conf.dcc1.disable_ipv6=1; ";
+    const std::string job = "exec env DCOMM_TRANSPORT=tcp DCOMM_LOG_LEVEL=info " + env + " '" +
+                            launcher() + "' -n 2 --timeout 60 " + launcher_args + " '" +
+                            self_path() + "' --as-trace-rank clean";
+    return run({"unshare", "-n", "sh", "-c", setup + job}, {.program = "/usr/bin/env"});
+  }
+
+  std::vector<std::string> reached_at(const std::string& err) {
+    std::vector<std::string> found;
+    for (std::size_t at = err.find("reached at "); at != std::string::npos;
+         at = err.find("reached at ", at + 1)) {
+      auto begin = at + 11;
+      found.push_back(err.substr(begin, err.find(';', begin) - begin));
+    }
+    return found;
+  }
+
+  using list = std::vector<std::string>;
+
+  TEST_CASE("by default, the address that routes to the store; over IPv6 too") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto r = in_namespace("");
+    INFO(r.out, r.err);
+    CHECK(r.status == 0);
+    CHECK(reached_at(r.err) == list{"127.0.0.1", "127.0.0.1"});
+    auto v6 = in_namespace("", "--master-addr ::1");
+    INFO(v6.out, v6.err);
+    CHECK(v6.status == 0);
+    CHECK(reached_at(v6.err) == list{"::1", "::1"});
+  }
+
+  TEST_CASE("DCOMM_SOCKET_IFNAME: a prefix, an exclusion, an exact IPv6-only name") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto named = in_namespace("DCOMM_SOCKET_IFNAME=dcb");
+    INFO(named.out, named.err);
+    CHECK(named.status == 0);
+    CHECK(reached_at(named.err) == list{"10.72.0.1", "10.72.0.1"});
+    auto excluded = in_namespace("DCOMM_SOCKET_IFNAME=^lo,dcb");
+    INFO(excluded.out, excluded.err);
+    CHECK(excluded.status == 0);
+    CHECK(reached_at(excluded.err) == list{"10.71.0.1", "10.71.0.1"});
+    auto v6 = in_namespace("DCOMM_SOCKET_IFNAME==dcc0");
+    INFO(v6.out, v6.err);
+    CHECK(v6.status == 0);
+    CHECK(reached_at(v6.err) == list{"fd73::1", "fd73::1"});
+  }
+
+  TEST_CASE("DCOMM_SOCKET_IFNAME that matches nothing: the error lists what there is") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto r = in_namespace("DCOMM_SOCKET_IFNAME=eth");
+    INFO(r.out, r.err);
+    CHECK(r.status != 0);
+    CHECK(has(r.err, "DCOMM_SOCKET_IFNAME"));
+    CHECK(has(r.err, "expected an interface that is up and matches 'eth'"));
+    CHECK(has(r.err, "dcb0 10.72.0.1"));
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
   if (argc == 3 && std::string(argv[1]) == "--as-trace-rank") return as_trace_rank(argv[2]);

@@ -26,8 +26,12 @@ inline std::string tcp_address(const std::string& host, std::uint16_t port) {
   return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+// An IPv4 peer of a dual-stack socket shows as itself, not as ::ffff:a.b.c.d.
 inline std::string endpoint_address(const ip_tcp::endpoint& ep) {
-  return tcp_address(ep.address().to_string(), ep.port());
+  auto a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped())
+    a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return tcp_address(a.to_string(), ep.port());
 }
 
 // Runs op, failing with errc::timeout naming `on_timeout` if the deadline

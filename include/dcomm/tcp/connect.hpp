@@ -14,6 +14,7 @@
 #include "dcomm/error.hpp"
 #include "dcomm/shm/handover.hpp"
 #include "dcomm/store/store.hpp"
+#include "dcomm/tcp/interfaces.hpp"
 #include "dcomm/tcp/locality.hpp"
 #include "dcomm/tcp/mesh.hpp"
 #include "dcomm/tcp/transport.hpp"
@@ -21,14 +22,19 @@
 namespace dcomm::tcp {
 
 // The address peers use to reach this rank: `advertise_host` if set, else
-// $DCOMM_SOCKET_ADDR, else `bind_host` if it names one interface, else the
-// local address that routes to the store's host, else loopback.
+// $DCOMM_SOCKET_ADDR, else `bind_host` if it names one interface, else one
+// of the interfaces $DCOMM_SOCKET_IFNAME names (tcp/interfaces.hpp), else
+// the local address that routes to the store's host, else loopback.
 inline std::string advertised_address(const asio::any_io_executor& ex, std::string advertise_host,
                                       const std::string& bind_host, const std::string& store_host) {
   if (advertise_host.empty())
     if (const char* v = std::getenv("DCOMM_SOCKET_ADDR"); v && *v) advertise_host = v;
   if (advertise_host.empty() && !bind_host.empty() && bind_host != "0.0.0.0" && bind_host != "::")
     advertise_host = bind_host;
+  if (advertise_host.empty())
+    if (const char* v = std::getenv("DCOMM_SOCKET_IFNAME"); v && *v)
+      advertise_host = choose_interface_address(local_interfaces(), interface_filter(v),
+                                                detail::local_address_towards(ex, store_host));
   if (advertise_host.empty()) advertise_host = detail::local_address_towards(ex, store_host);
   if (advertise_host.empty()) advertise_host = "127.0.0.1";
   return advertise_host;
