@@ -15,7 +15,8 @@ cd "$(dirname "$0")"
 # CMake package.
 demo_packages=(meson ninja-build pkg-config g++ libasio-dev libssl-dev zlib1g-dev
                dataset-fashion-mnist)
-test_packages=("${demo_packages[@]}" clang doctest-dev libtorch-dev nlohmann-json3-dev cmake python3-torch)
+test_packages=("${demo_packages[@]}" clang doctest-dev libtorch-dev nlohmann-json3-dev cmake python3-torch
+               gnuplot-nox)
 
 # install_missing PACKAGE...
 install_missing() {
