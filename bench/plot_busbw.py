@@ -59,7 +59,7 @@ def main():
                 f.writelines(f"{b} {bw}\n" for b, bw in points)
             plots.append(f"'{data}' using 1:2 with linespoints title '{label}'")
         script = "\n".join([
-            "set terminal png size 900,540",
+            "set terminal png size 900,540 noenhanced",
             f"set output '{args.out}'",
             f"set title '{args.title or args.op}'",
             "set logscale x 2",
