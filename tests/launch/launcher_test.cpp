@@ -459,6 +459,15 @@ TEST_SUITE("launcher") {
     }
   }
 
+  TEST_CASE("under torchrun, its ranks meet at dcomm-run's store, not at the agent's") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto r = run({"-n", "2", "/bin/sh", "-c", "echo agent=${TORCHELASTIC_USE_AGENT_STORE:-unset}"},
+                 {.env = {"TORCHELASTIC_USE_AGENT_STORE=True"}});
+    INFO(r.out, r.err);
+    CHECK(r.status == 0);
+    CHECK(values_of(r.out, "agent") == std::vector<std::string>{"unset", "unset"});
+  }
+
   TEST_CASE("SIGKILL to the launcher: its ranks die with it") {
     DCOMM_TEST_DEADLINE(60s);
     std::vector<std::pair<pid_t, std::string>> ranks;  // pid, start time

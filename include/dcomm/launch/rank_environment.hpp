@@ -44,6 +44,10 @@ struct rank_environment {
       set("DCOMM_JOB_TOKEN", *job_token);
     else
       ::unsetenv("DCOMM_JOB_TOKEN");
+    // These ranks meet at the store MASTER_PORT names, ours: not at the
+    // agent's of a torchrun that started this launcher (rendezvous.hpp
+    // would join that one instead).
+    ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
     if (rank == 0 && listen_fd >= 0) {
       ::fcntl(listen_fd, F_SETFD, 0);  // a launcher may have made it close-on-exec
       set("DCOMM_MASTER_LISTEN_FD", std::to_string(listen_fd));
