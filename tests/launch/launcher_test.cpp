@@ -4,9 +4,10 @@
 // program (`launcher_tests --as-rank ...`, see main). $DCOMM_RUN is the
 // launcher's path (set by meson).
 //
-// Size: dcomm-run's tests and the trace analyzer's (dcomm-trace run through
-// dcomm-run, with the same helpers and rank program) share this file: each
-// test executable costs a compile of the CPU backend per build.
+// Size: dcomm-run's tests, the trace analyzer's (dcomm-trace run through
+// dcomm-run) and the network interfaces' (dcomm-run in network namespaces),
+// with the same helpers and rank programs, share this file: each test
+// executable costs a compile of the CPU backend per build.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -657,34 +658,26 @@ TEST_SUITE("network interfaces") {
     return found;
   }
 
-  using list = std::vector<std::string>;
+  // Both ranks of a job run with `env` (and dcomm-run `args`) advertise `address`.
+  void check_advertised(const std::string& env, const std::string& args,
+                        const std::string& address) {
+    auto r = in_namespace(env, args);
+    INFO(env, " ", args, "\n", r.out, r.err);
+    CHECK(r.status == 0);
+    CHECK(reached_at(r.err) == std::vector<std::string>{address, address});
+  }
 
   TEST_CASE("by default, the address that routes to the store; over IPv6 too") {
     DCOMM_TEST_DEADLINE(90s);
-    auto r = in_namespace("");
-    INFO(r.out, r.err);
-    CHECK(r.status == 0);
-    CHECK(reached_at(r.err) == list{"127.0.0.1", "127.0.0.1"});
-    auto v6 = in_namespace("", "--master-addr ::1");
-    INFO(v6.out, v6.err);
-    CHECK(v6.status == 0);
-    CHECK(reached_at(v6.err) == list{"::1", "::1"});
+    check_advertised("", "", "127.0.0.1");
+    check_advertised("", "--master-addr ::1", "::1");
   }
 
   TEST_CASE("DCOMM_SOCKET_IFNAME: a prefix, an exclusion, an exact IPv6-only name") {
     DCOMM_TEST_DEADLINE(90s);
-    auto named = in_namespace("DCOMM_SOCKET_IFNAME=dcb");
-    INFO(named.out, named.err);
-    CHECK(named.status == 0);
-    CHECK(reached_at(named.err) == list{"10.72.0.1", "10.72.0.1"});
-    auto excluded = in_namespace("DCOMM_SOCKET_IFNAME=^lo,dcb");
-    INFO(excluded.out, excluded.err);
-    CHECK(excluded.status == 0);
-    CHECK(reached_at(excluded.err) == list{"10.71.0.1", "10.71.0.1"});
-    auto v6 = in_namespace("DCOMM_SOCKET_IFNAME==dcc0");
-    INFO(v6.out, v6.err);
-    CHECK(v6.status == 0);
-    CHECK(reached_at(v6.err) == list{"fd73::1", "fd73::1"});
+    check_advertised("DCOMM_SOCKET_IFNAME=dcb", "", "10.72.0.1");
+    check_advertised("DCOMM_SOCKET_IFNAME=^lo,dcb", "", "10.71.0.1");
+    check_advertised("DCOMM_SOCKET_IFNAME==dcc0", "", "fd73::1");
   }
 
   TEST_CASE("DCOMM_SOCKET_IFNAME that matches nothing: the error lists what there is") {
