@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <set>
@@ -571,6 +572,41 @@ TEST_SUITE("shared memory") {
     CHECK(results[2].signal == SIGKILL);
     CHECK(results[1].exit_code == 3);
     CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
+  }
+
+  TEST_CASE("a small message waiting in the ring completes its receive inside the call") {
+    DCOMM_TEST_DEADLINE(60s);
+    // The receive's own poll takes an eager frame that the ring holds whole
+    // (transport::read_eager_inline), so co_await resumes at once: a handler
+    // posted just before the call has not run yet. (Through the reader,
+    // which the poll would wake, the receive ends a trip through the
+    // scheduler later, after that handler.) Rank 0 does not run its
+    // executor until rank 1's send is done, i.e. its frame is in the ring.
+    std::atomic<int> sent{-1};
+    DCOMM_REQUIRE_WORLD(
+        2,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          for (int round = 0; round < 3; ++round) {
+            std::vector<std::int32_t> v{r == 1 ? round + 10 : -1};
+            co_await c.barrier();
+            if (r == 1) {
+              co_await c.send(v, 0, round);
+              sent.store(round);
+              continue;
+            }
+            while (sent.load() != round) std::this_thread::sleep_for(1ms);
+            bool other_ran = false;
+            asio::post(co_await asio::this_coro::executor, [&] { other_ran = true; });
+            co_await c.recv(v, 1, round);
+            dcomm::test::require(v[0] == round + 10, "round " + std::to_string(round) +
+                                                         " received " + std::to_string(v[0]));
+            dcomm::test::require(!other_ran, "round " + std::to_string(round) +
+                                                 ": the receive ended after a trip through "
+                                                 "the scheduler, not inside the call");
+            co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+          }
+        },
+        20s);
   }
 
   TEST_CASE("large messages on one host: read from the sender's buffer, one copy") {

@@ -107,6 +107,18 @@ class channel {
       ring(peer_bell_, peer_bell_fd_);
     return take;
   }
+  // Bytes the peer has published and this side has not read.
+  std::size_t readable_bytes() {
+    head_seen_ = in_.head.load(std::memory_order_acquire);
+    return static_cast<std::size_t>(head_seen_ - read_);
+  }
+  // Copies the next n bytes out without reading them: false if fewer are
+  // there.
+  bool peek(void* dst, std::size_t n) {
+    if (static_cast<std::size_t>(head_seen_ - read_) < n && readable_bytes() < n) return false;
+    copy_out(dst, n);
+    return true;
+  }
   // What the peer has published so far (acquire: after a store of its
   // that this rank acquired, it covers every byte written before it).
   std::uint64_t peer_written() const { return in_.head.load(std::memory_order_acquire); }

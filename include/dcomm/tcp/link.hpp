@@ -107,6 +107,10 @@ struct peer_link {
   // object must not outlive its io_context, and the transport may).
   asio::steady_timer* shm_wake = nullptr;
   bool shm_reader_waiting = false;
+  // The reader waits for a frame's header, not for a payload: the eager
+  // frames the ring holds whole may be handled without it
+  // (transport::read_eager_inline).
+  bool shm_between_frames = false;
   bool shm_writer_blocked = false;    // the ring was full
   bool shm_peer_gone = false;         // what its ring holds is all there will be
   std::size_t shm_frame_written = 0;  // of the front frame, its header included

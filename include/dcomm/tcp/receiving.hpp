@@ -248,8 +248,11 @@ inline detail::task<void> transport::read_frames(peer_link& l, int peer) {
   for (;;) {
     // While a large payload is due (we sent cts), read headers on their own:
     // one more small read per frame, one copy less per payload byte.
-    if (l.end - l.begin < sizeof(wire_header))
+    if (l.end - l.begin < sizeof(wire_header)) {
+      l.shm_between_frames = l.shm != nullptr;
       co_await fill(l, sizeof(wire_header), !l.awaiting_data.empty());
+      l.shm_between_frames = false;
+    }
     const wire_header h = take_header(l, peer);
     switch (h.kind) {
       case msg_kind::eager:

@@ -185,13 +185,43 @@ inline detail::task<void> transport::shm_readable(peer_link& l) {
   }
 }
 
-// Wakes the readers whose rings have bytes (or whose peer is gone) and
-// resumes writers that have room again.
-// Whether any was.
+// While a peer's reader waits between frames with nothing staged, the
+// eager messages its ring holds whole are taken here, by the op that polls
+// (spin_shm) or the doorbell's listener, as read_frames would take them:
+// a small message then costs no trip through the scheduler (waking the
+// reader, which then wakes the op it completes): the op that waited for it
+// goes on within its poll. Anything else (a control or data frame, a
+// payload not all there yet, bytes of a frame already staged) stays for
+// the reader. Whether any was taken.
+inline bool transport::read_eager_inline(peer_link& l, int peer) {
+  bool any = false;
+  while (l.shm_between_frames && l.shm_reader_waiting && l.begin == l.end && l.socket.is_open()) {
+    wire_header h;
+    if (!l.shm->peek(&h, sizeof h) || h.magic != wire_magic || h.kind != msg_kind::eager ||
+        l.shm->readable_bytes() - sizeof h < h.bytes)
+      break;
+    l.shm->read_some(nullptr, sizeof h);
+    const payload_target t = eager_target(l, peer, h);
+    l.shm->read_some(t.dst, h.bytes);  // no target: dropped
+    if (t.item) {
+      t.item->arrived += h.bytes;
+      complete(*t.item);
+    } else if (t.msg) {
+      file_unexpected(l, t.msg);
+    }
+    any = true;
+  }
+  return any;
+}
+
+// Takes the small messages it can (read_eager_inline), wakes the readers
+// whose rings have bytes (or whose peer is gone) and resumes writers that
+// have room again. Whether any was.
 inline bool transport::poll_shm() {
   bool any = false;
   for (int p : shm_peers_) {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
+    if (l.shm_between_frames && l.shm_reader_waiting && read_eager_inline(l, p)) any = true;
     if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
       l.shm_reader_waiting = false;
       if (l.shm_wake) l.shm_wake->cancel();

@@ -460,6 +460,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void shm_write(int peer);
   detail::task<void> shm_readable(peer_link& l);
   bool poll_shm();
+  bool read_eager_inline(peer_link& l, int peer);
   static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
   static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
