@@ -273,26 +273,58 @@ class runner {
  public:
   runner(comm_type comm, const settings& s) : comm_(std::move(comm)), s_(s) {}
 
+  // The ops call() runs, named once per row: no string compares in the
+  // timed region.
+  enum class op_kind {
+    all_reduce,
+    broadcast,
+    reduce,
+    all_gather,
+    reduce_scatter,
+    all_to_all,
+    gather,
+    scatter,
+    barrier,
+    sendrecv
+  };
+  static op_kind kind_of(const std::string& op) {
+    static const char* const names[] = {"all_reduce", "broadcast",      "reduce",
+                                        "all_gather", "reduce_scatter", "all_to_all",
+                                        "gather",     "scatter",        "barrier"};
+    for (std::size_t i = 0; i < std::size(names); ++i)
+      if (op == names[i]) return static_cast<op_kind>(i);
+    return op_kind::sendrecv;
+  }
+
   // One call of `op` on prepared buffers. Not a coroutine itself: it
   // returns the operation's awaitable, so that the allocs column counts the
   // operation and not a frame of the bench's own (Asio keeps two per thread).
-  asio::awaitable<void> call(const std::string& op, buffer& in, buffer& out) {
+  asio::awaitable<void> call(op_kind op, buffer& in, buffer& out) {
     dcomm::op_options o{.algorithm = s_.algo};
     int rank = comm_.rank();
-    if (op == "all_reduce")
-      return with_redop([&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o); });
-    if (op == "broadcast") return comm_.broadcast(out.view(), 0, o);
-    if (op == "reduce")
-      return with_redop([&](auto r) { return comm_.reduce(in.view(), out.view(), 0, r, o); });
-    if (op == "all_gather") return comm_.all_gather(in.view(), out.view(), o);
-    if (op == "reduce_scatter")
-      return with_redop([&](auto r) { return comm_.reduce_scatter(in.view(), out.view(), r, o); });
-    if (op == "all_to_all") return comm_.all_to_all(in.view(), out.view(), o);
-    if (op == "gather")
-      return comm_.gather(in.view(), rank == 0 ? out.view() : out.block(0, 0), 0, o);
-    if (op == "scatter")
-      return comm_.scatter(rank == 0 ? in.view() : in.block(0, 0), out.view(), 0, o);
-    if (op == "barrier") return comm_.barrier(o);
+    switch (op) {
+      case op_kind::all_reduce:
+        return with_redop([&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o); });
+      case op_kind::broadcast:
+        return comm_.broadcast(out.view(), 0, o);
+      case op_kind::reduce:
+        return with_redop([&](auto r) { return comm_.reduce(in.view(), out.view(), 0, r, o); });
+      case op_kind::all_gather:
+        return comm_.all_gather(in.view(), out.view(), o);
+      case op_kind::reduce_scatter:
+        return with_redop(
+            [&](auto r) { return comm_.reduce_scatter(in.view(), out.view(), r, o); });
+      case op_kind::all_to_all:
+        return comm_.all_to_all(in.view(), out.view(), o);
+      case op_kind::gather:
+        return comm_.gather(in.view(), rank == 0 ? out.view() : out.block(0, 0), 0, o);
+      case op_kind::scatter:
+        return comm_.scatter(rank == 0 ? in.view() : in.block(0, 0), out.view(), 0, o);
+      case op_kind::barrier:
+        return comm_.barrier(o);
+      case op_kind::sendrecv:
+        break;
+    }
     return sendrecv(in, out, o);  // two operations: a frame of its own
   }
 
@@ -337,6 +369,7 @@ class runner {
   }
 
   asio::awaitable<void> row(const std::string& op, std::size_t bytes) {
+    const op_kind kind = kind_of(op);
     int rank = comm_.rank(), world = comm_.size();
     auto elem = dcomm::size_of(s_.type);
     auto sh = shape_of(op, bytes, elem, world);
@@ -352,14 +385,14 @@ class runner {
     std::int64_t errors = -1;
     if (s_.check) {
       prepare();
-      co_await call(op, in, out);
+      co_await call(kind, in, out);
       out.download();
       std::vector<std::int64_t> e{static_cast<std::int64_t>(wrong(op, out))};
       co_await comm_.all_reduce(e, dcomm::sum);
       errors = e[0];
     }
     prepare();
-    for (int i = 0; i < s_.warmup; ++i) co_await call(op, in, out);
+    for (int i = 0; i < s_.warmup; ++i) co_await call(kind, in, out);
     int iters =
         s_.iters > 0
             ? s_.iters
@@ -372,7 +405,7 @@ class runner {
       auto a0 = dcomm::test::heap_allocations_in_process();
       auto n0 = dcomm::test::new_calls_in_process();
       auto t0 = clock_type::now();
-      co_await call(op, in, out);
+      co_await call(kind, in, out);
       us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
       allocations += dcomm::test::heap_allocations_in_process() - a0;
       new_calls += dcomm::test::new_calls_in_process() - n0;
@@ -439,14 +472,15 @@ class runner {
  private:
   template <class F>
   asio::awaitable<void> with_redop(F f) {
-    if (s_.redop == "min") return f(dcomm::min);
-    if (s_.redop == "max") return f(dcomm::max);
+    if (redop_ == 'i') return f(dcomm::min);
+    if (redop_ == 'a') return f(dcomm::max);
     return f(dcomm::sum);
   }
 
   comm_type comm_;
   const settings& s_;
   std::string links_;
+  char redop_ = s_.redop == "min" ? 'i' : s_.redop == "max" ? 'a' : 's';  // with_redop's
 };
 
 int run_rank(const settings& s) {
