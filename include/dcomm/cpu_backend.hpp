@@ -287,7 +287,7 @@ class cpu_backend {
   }
 
   detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
-                            int root) {
+                            int root, bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
       const tcp::slice_plan plan = staging_.plan(in);
@@ -307,13 +307,22 @@ class cpu_backend {
     }
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
-                              [&](auto i, auto o) { return reduce(ctx, i, o, op, root); });
+                              [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op),
+    // The arena's reduce is its root's work alone: above arena_reduce_limit
+    // the messages' algorithms are faster, unless a call asks for the arena.
+    const bool small =
+        in.bytes() <= tcp::arena_reduce_limit ||
+        tcp::requested(coll_op::reduce, ctx.algorithm, overrides_) == algorithm::shared_memory;
+    const bool arena = !staged && small && via_arena(ctx, coll_op::reduce, "reduce");
+    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
                 "reduce");
     co_await c.run([&]() -> detail::task<void> {
-      co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
+      if (arena)
+        co_await tcp::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
+      else
+        co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
 

@@ -574,6 +574,46 @@ TEST_SUITE("shared memory") {
     CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
   }
 
+  TEST_CASE("reduce in the arena: step by step, every root, in place and out of place") {
+    DCOMM_TEST_DEADLINE(60s);
+    // 4 KiB slots: 1001 int64 take two steps, 2500 floats three.
+    dcomm::cpu_backend::options o;
+    o.shm_slot_bytes = 4096;
+    const dcomm::op_options arena{.algorithm = dcomm::algorithm::shared_memory};
+    DCOMM_REQUIRE_WORLD(
+        3,
+        [&](comm& c, int r) -> asio::awaitable<void> {
+          for (int root = 0; root < 3; ++root) {
+            std::vector<std::int64_t> v(1001);
+            for (std::size_t i = 0; i < v.size(); ++i)
+              v[i] = static_cast<std::int64_t>(i) * (r + 1) - r;
+            co_await c.reduce(v, root, dcomm::sum, arena);
+            if (r == root)
+              for (std::size_t i = 0; i < v.size(); ++i)
+                dcomm::test::require(v[i] == static_cast<std::int64_t>(i) * 6 - 3,
+                                     "in place, root " + std::to_string(root) + ", element " +
+                                         std::to_string(i) + ": " + std::to_string(v[i]));
+            const std::vector<float> in(2500, static_cast<float>(r + 1));
+            std::vector<float> out(2500, -1.0f);
+            co_await c.reduce(in, out, root, dcomm::avg, arena);
+            const float want = r == root ? 2.0f : -1.0f;  // only the root's is written
+            dcomm::test::require(
+                std::all_of(out.begin(), out.end(), [&](float x) { return x == want; }),
+                "out of place, root " + std::to_string(root) + " on rank " + std::to_string(r));
+            std::vector<double> none;
+            co_await c.reduce(none, root, dcomm::max, arena);
+          }
+          // Ranks naming different roots fail with mismatch, in shared memory.
+          std::vector<int> one{r};
+          auto [code, what] = co_await dcomm::test::failure_of(
+              [&] { return c.reduce(one, r == 2 ? 1 : 0, dcomm::sum, {.timeout = 10s}); });
+          dcomm::test::require(
+              code == dcomm::errc::mismatch && dcomm::test::contains(what, "in shared memory"),
+              "different roots: " + what);
+        },
+        20s, o);
+  }
+
   TEST_CASE("a small message waiting in the ring completes its receive inside the call") {
     DCOMM_TEST_DEADLINE(60s);
     // The receive's own poll takes an eager frame that the ring holds whole

@@ -7,6 +7,9 @@
 //   shm_broadcast: the root copies a slot's worth in, the others copy it out.
 //   shm_all_gather: each rank copies a slot's worth of its block in, then
 //     every rank's part out.
+//   shm_reduce: per slot's worth, every rank copies its part in; the root
+//     reduces every slot in rank order into its output (the bits of
+//     shm_all_reduce's one pass).
 //   shm_all_reduce: up to one_pass_reduce bytes (and a slot), one step in
 //     which every rank reduces every slot itself, in rank order (the same
 //     bits on every rank); above, per slot's worth, each rank reduces its
@@ -26,6 +29,10 @@ namespace dcomm::tcp {
 
 // Up to this size an all_reduce is one step, each rank reducing it whole.
 inline constexpr std::size_t one_pass_reduce = 16 * 1024;
+// Up to this size an automatic reduce meets in the arena (its root reduces
+// every slot; world 2 on 2 cores: 64 KiB in 9-12 us against 57 us by
+// messages, 128 KiB 139-156 us against 37-57).
+inline constexpr std::size_t arena_reduce_limit = 64 * 1024;
 
 inline detail::task<void> shm_barrier(call& c) {
   arena_call a(c);
@@ -73,6 +80,32 @@ inline detail::task<void> shm_all_gather(call& c, const void* in, void* out, std
     }
     done += part;
   } while (done < bytes);
+}
+
+// in: this rank's `count` elements; out: the root's result (only the root's
+// is written).
+inline detail::task<void> shm_reduce(call& c, const void* in, void* out, std::size_t count,
+                                     std::size_t es, const reducer& op, int root) {
+  arena_call a(c);
+  co_await a.enter();
+  const int n = c.size();
+  const bool is_root = c.rank() == root;
+  const std::size_t per_step = a.slot_bytes() / es;
+  std::size_t first = 0;
+  do {  // once at least: a reduce of nothing still meets
+    const std::size_t k = std::min(per_step, count - first);
+    std::byte* mine = a.begin_step();
+    if (k) std::memcpy(mine, bytes_at(in, first * es), k * es);
+    a.arrive();
+    if (!a.all_arrived()) co_await a.wait_arrived();
+    if (is_root && k) {
+      void* result = bytes_at(out, first * es);
+      std::memcpy(result, a.slot_of(0), k * es);
+      for (int p = 1; p < n; ++p) op.combine(result, a.slot_of(p), k);
+      op.finish(result, k, n);
+    }
+    first += k;
+  } while (first < count);
 }
 
 inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out, std::size_t count,
