@@ -221,7 +221,7 @@ inline bool transport::poll_shm() {
   bool any = false;
   for (int p : shm_peers_) {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (l.shm_between_frames && l.shm_reader_waiting && read_eager_inline(l, p)) any = true;
+    if (read_eager_inline(l, p)) any = true;
     if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
       l.shm_reader_waiting = false;
       if (l.shm_wake) l.shm_wake->cancel();

@@ -44,7 +44,9 @@ struct algorithm_choice {
   bool part_per_rank = false;
   // It also has algorithm::shared_memory (tcp/algorithms/shared_memory.hpp),
   // which runs, whatever the size, where the group has an arena (its ranks
-  // all share a host: cpu_backend::via_arena), unless a call asks for another.
+  // all share a host: cpu_backend::via_arena), unless a call asks for another;
+  // reduce's only up to arena_reduce_limit unless asked for (its root
+  // reduces alone).
   bool shared_memory = false;
   // And algorithm::hierarchical (tcp/algorithms/hierarchical.hpp), which
   // runs, whatever the size, where the group spans hosts with several of
