@@ -181,6 +181,9 @@ struct op_state {
   // queued for the arena (tcp/shm_arena.hpp).
   bool on_arena = false;
   op_state* next_on_arena = nullptr;
+  // Sleeps after a poll that woke readers: the next reader that waits
+  // again wakes it (transport::wait, shm_readable).
+  bool polls_after_readers = false;
   // What the call says of itself once it ends (op_report): the links its
   // messages took (transports bits), the algorithm that ran, and when its
   // ranks called it, as far as its messages told (collectives).

@@ -25,6 +25,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/tcp/transport.hpp"
@@ -173,9 +174,12 @@ inline detail::task<void> transport::shm_readable(peer_link& l) {
     if (!l.socket.is_open()) throw asio::system_error(asio::error::operation_aborted);
     if (l.shm->readable()) co_return;
     if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
-    // Every frame read so far is handled: the arena's holder may go on.
+    // Every frame read so far is handled: the arena's holder may go on,
+    // and an op that woke this reader polls again.
     for (arena_seat& seat : arenas_)
       if (seat.reading_rings && seat.first) seat.first->wake();
+    for (op_state* op = ops_; op; op = op->next_op)
+      if (std::exchange(op->polls_after_readers, false)) op->wake();
     l.shm_wake = &wake;
     l.shm_reader_waiting = true;
     co_await wake.async_wait(detail::use_task);
@@ -192,9 +196,11 @@ inline detail::task<void> transport::shm_readable(peer_link& l) {
 // reader, which then wakes the op it completes): the op that waited for it
 // goes on within its poll. Anything else (a control or data frame, a
 // payload not all there yet, bytes of a frame already staged) stays for
-// the reader. Whether any was taken.
-inline bool transport::read_eager_inline(peer_link& l, int peer) {
-  bool any = false;
+// the reader. Whether a message taken woke an op other than `spinner`
+// (whose handler then waits for the scheduler): the spinner's own receives
+// only need its condition looked at again.
+inline bool transport::read_eager_inline(peer_link& l, int peer, const op_state* spinner) {
+  bool woke = false;
   while (l.shm_between_frames && l.shm_reader_waiting && l.begin == l.end && l.socket.is_open()) {
     wire_header h;
     if (!l.shm->peek(&h, sizeof h) || h.magic != wire_magic || h.kind != msg_kind::eager ||
@@ -202,26 +208,29 @@ inline bool transport::read_eager_inline(peer_link& l, int peer) {
       break;
     l.shm->read_some(nullptr, sizeof h);
     const payload_target t = eager_target(l, peer, h);
-    l.shm->read_some(t.dst, h.bytes);  // no target: dropped
+    l.shm->read_some(t.dst, h.bytes);  // no target: dropped (or refused: its op failed)
     if (t.item) {
       t.item->arrived += h.bytes;
       complete(*t.item);
+      if (t.item->op != spinner) woke = true;
     } else if (t.msg) {
       file_unexpected(l, t.msg);
+    } else {
+      woke = true;
     }
-    any = true;
   }
-  return any;
+  return woke;
 }
 
 // Takes the small messages it can (read_eager_inline), wakes the readers
 // whose rings have bytes (or whose peer is gone) and resumes writers that
-// have room again. Whether any was.
-inline bool transport::poll_shm() {
+// have room again. Whether any handler now waits to run (a message taken
+// for `spinner` alone does not count: spin_shm looks at its condition).
+inline bool transport::poll_shm(const op_state* spinner) {
   bool any = false;
   for (int p : shm_peers_) {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (read_eager_inline(l, p)) any = true;
+    if (read_eager_inline(l, p, spinner)) any = true;
     if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
       l.shm_reader_waiting = false;
       if (l.shm_wake) l.shm_wake->cancel();
@@ -320,12 +329,12 @@ inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self
 // the arena's holder is woken for a last look (a peer that arrived while
 // this rank polled for another call rang no bell).
 template <class Pred>
-bool transport::spin_shm(Pred pred) {
+bool transport::spin_shm(const op_state& spinner, Pred pred) {
   shm::doorbell_word& bell = shm_->bell(static_cast<std::size_t>(shm_me_));
   bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
   const auto until = detail::clock::now() + options_.shm_spin;
   bool found = false;
-  for (int i = 0; !(found = poll_shm() || pred()); ++i) {
+  for (int i = 0; !(found = poll_shm(&spinner) || pred()); ++i) {
     if (options_.shm_yield)
       ::sched_yield();
     else
@@ -354,7 +363,7 @@ bool transport::spin_shm(Pred pred) {
   bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   wake_arena_holder();
-  return poll_shm() || found || pred();
+  return poll_shm(&spinner) || found || pred();
 }
 
 // The bell asleep again after a spin that found what it waited for, then

@@ -266,14 +266,19 @@ class transport : public std::enable_shared_from_this<transport> {
       // It may also have finished this op's sends (a blocked writer went on):
       // a wake before the wait below would be lost, so look again.
       if (options_.shm_spin.count() > 0 && waits_on_shm(op)) {
-        const bool found = spin_shm([&] { return op.failure != nullptr || pred(); });
+        const bool found = spin_shm(op, [&] { return op.failure != nullptr || pred(); });
         if (op.failure) break;
         if (found && pred()) continue;
+        // It woke a reader (or a writer went on): once the reader has
+        // handled its frames it wakes this op to poll again (shm_readable),
+        // for what those frames started (a cts: the data comes next).
+        op.polls_after_readers = found;
       }
       // Never sleep failed: a look above may have failed the op, and its
       // wake came before this wait.
       if (op.failure) break;
       auto [ec] = co_await op.timer.async_wait(detail::use_task);
+      op.polls_after_readers = false;
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
       fail_op(op, timeout_error(op));
@@ -459,12 +464,12 @@ class transport : public std::enable_shared_from_this<transport> {
   std::string board_whereabouts(int peer, const op_state& op) const;
   void shm_write(int peer);
   detail::task<void> shm_readable(peer_link& l);
-  bool poll_shm();
-  bool read_eager_inline(peer_link& l, int peer);
+  bool poll_shm(const op_state* spinner = nullptr);
+  bool read_eager_inline(peer_link& l, int peer, const op_state* spinner);
   static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
   static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
-  bool spin_shm(Pred pred);
+  bool spin_shm(const op_state& spinner, Pred pred);
   void settle_bell();
   void close_bell_if_unused();
   void wake_arena_holder();
