@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 demo_packages=(meson ninja-build pkg-config g++ libasio-dev libssl-dev zlib1g-dev
                dataset-fashion-mnist)
 test_packages=("${demo_packages[@]}" clang doctest-dev libtorch-dev nlohmann-json3-dev cmake python3-torch
-               gnuplot-nox)
+               gnuplot-nox openmpi-bin libopenmpi-dev)
 
 # install_missing PACKAGE...
 install_missing() {
@@ -108,8 +108,8 @@ run_tests() {
   local builds=(
     "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
-    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers"
+    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
+    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"

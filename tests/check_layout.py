@@ -31,9 +31,9 @@ FLOORS = [
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
     # A backend's member bodies (Asio's impl/ style) are on the backend's floor.
-    (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'),
-    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
-    (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/rendezvous.hpp'),
+    (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'), (3, 'dcomm/mpi/impl/'),
+    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/mpi/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
+    (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/mpi.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
     (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
@@ -41,7 +41,7 @@ FLOORS = [
     (6, 'dcomm/dcomm.hpp'),
 ]
 
-COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
+COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/mpi/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
               'dcomm/shm/', 'dcomm/trace/']
 # Component -> headers (or folders, ending in '/') of others it may include (the mesh finds its
 # peers through the store; the transport's links to ranks of its host are

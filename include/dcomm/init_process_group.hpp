@@ -249,16 +249,68 @@ asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s,
   std::rethrow_exception(failure);
 }
 
+// A backend whose launcher made the job (mpirun, srun: the MPI backend)
+// joins without a store: Backend::create_world(executor, options) knows
+// its rank and world. o.rank and o.world_size, where set, must agree.
+template <class Backend>
+concept joins_without_store = requires {
+  Backend::joins_without_store;
+};
+
+template <backend Backend>
+asio::awaitable<communicator<Backend>> join_without_store(init_options<Backend> o,
+                                                          std::shared_ptr<io_thread> thread) {
+  trace::write_error_file_on_terminate();  // TORCHELASTIC_ERROR_FILE
+  auto ex = co_await asio::this_coro::executor;
+  std::exception_ptr failure;
+  try {
+    auto backend = Backend::create_world(ex, o.backend);
+    const int rank = backend->rank(), world = backend->world_size();
+    if ((o.rank && *o.rank != rank) || (o.world_size && *o.world_size != world))
+      throw_error(errc::mismatch,
+                  {.operation = "init_process_group",
+                   .rank = rank,
+                   .expected = "rank " + std::to_string(o.rank.value_or(rank)) + " of " +
+                               std::to_string(o.world_size.value_or(world)) + " (init_options)",
+                   .seen = "rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                           " (the " + std::string(Backend::name) + " launcher's)"});
+    log_start_up(*backend, "joined through " + std::string(Backend::name) + "'s launcher", o);
+    auto rt = std::make_shared<detail::comm_runtime<Backend>>();
+    rt->backend = std::move(backend);
+    rt->thread = std::move(thread);
+    rt->timeline = trace::timeline::from_environment(rank);
+    dump_on_signal(*rt);
+    co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  failure = as_dcomm_error(failure, {.operation = "init_process_group", .rank = o.rank});
+  note_init_failure(failure);
+  std::rethrow_exception(failure);
+}
+
+// Start-up as the backend joins: through o.init_method's store, or its
+// launcher's own way.
+template <backend Backend>
+asio::awaitable<communicator<Backend>> init_world(init_options<Backend> o,
+                                                  std::shared_ptr<io_thread> thread) {
+  if constexpr (joins_without_store<Backend>)
+    return join_without_store<Backend>(std::move(o), std::move(thread));
+  else
+    return init_from_method<Backend>(std::move(o), std::move(thread));
+}
+
 }  // namespace detail
 
-// Joins the job named by o.init_method and connects to every rank. The
-// backend runs on a strand of `executor`.
+// Joins the job named by o.init_method and connects to every rank (a
+// backend that joins through its launcher, mpi_backend, ignores
+// init_method). The backend runs on a strand of `executor`.
 template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
 auto init_process_group(asio::any_io_executor executor, init_options<Backend> o,
                         Token&& token = {}) {
   asio::any_io_executor strand = detail::serial_executor(executor);
   auto limit = o.timeout * 2 + detail::blocking_grace;
-  return detail::initiate(strand, detail::init_from_method<Backend>(std::move(o), nullptr),
+  return detail::initiate(strand, detail::init_world<Backend>(std::move(o), nullptr),
                           std::forward<Token>(token), "init_process_group", limit);
 }
 
@@ -267,9 +319,8 @@ template <backend Backend>
 communicator<Backend> init_process_group(init_options<Backend> o) {
   auto thread = std::make_shared<detail::io_thread>();
   auto limit = o.timeout * 2 + detail::blocking_grace;
-  return detail::initiate(thread->get_executor(),
-                          detail::init_from_method<Backend>(std::move(o), thread), blocking,
-                          "init_process_group", limit);
+  return detail::initiate(thread->get_executor(), detail::init_world<Backend>(std::move(o), thread),
+                          blocking, "init_process_group", limit);
 }
 
 // Over a store the caller already has (torch's init_process_group(store=)):
