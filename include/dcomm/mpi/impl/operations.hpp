@@ -46,15 +46,20 @@ inline const char* at(const void* p, std::size_t offset) {
   return static_cast<const char*>(p) + offset;
 }
 
+// A point-to-point tag is an MPI tag: 0 to MPI_TAG_UB.
+inline void check_tag(std::uint64_t tag, int tag_ub, const char* operation) {
+  if (tag > static_cast<std::uint64_t>(tag_ub))
+    throw_error(errc::invalid_argument,
+                {.operation = operation,
+                 .expected = "a tag from 0 to MPI_TAG_UB (" + std::to_string(tag_ub) + ")",
+                 .seen = std::to_string(tag)});
+}
+
 }  // namespace mpi
 
 inline detail::task<void> mpi_backend::send(op_context ctx, const_tensor_view in, int peer) {
   check_alive(ctx, "send");
-  if (ctx.seq > static_cast<std::uint64_t>(tag_ub_))
-    throw_error(errc::invalid_argument,
-                {.operation = "send",
-                 .expected = "a tag from 0 to MPI_TAG_UB (" + std::to_string(tag_ub_) + ")",
-                 .seen = std::to_string(ctx.seq)});
+  mpi::check_tag(ctx.seq, tag_ub_, "send");
   const int bytes = mpi::count_of(in.bytes(), "send", "byte count");
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Isend(in.data, bytes, MPI_BYTE, peer, static_cast<int>(ctx.seq), comm_of(ctx, "send"),
@@ -66,11 +71,7 @@ inline detail::task<void> mpi_backend::send(op_context ctx, const_tensor_view in
 
 inline detail::task<void> mpi_backend::recv(op_context ctx, tensor_view out, int peer) {
   check_alive(ctx, "recv");
-  if (ctx.seq > static_cast<std::uint64_t>(tag_ub_))
-    throw_error(errc::invalid_argument,
-                {.operation = "recv",
-                 .expected = "a tag from 0 to MPI_TAG_UB (" + std::to_string(tag_ub_) + ")",
-                 .seen = std::to_string(ctx.seq)});
+  mpi::check_tag(ctx.seq, tag_ub_, "recv");
   const int bytes = mpi::count_of(out.bytes(), "recv", "byte count");
   const int sender = ctx.group->ranks[static_cast<std::size_t>(peer)];
   MPI_Request request = MPI_REQUEST_NULL;
