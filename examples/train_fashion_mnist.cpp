@@ -4,6 +4,8 @@
 //   dcomm-run -n 4 train_fashion_mnist            4 ranks from env://
 //   train_fashion_mnist --world 4                 the same, spawned here
 //   train_fashion_mnist --world 1                 one rank, same result
+//   mpirun -np 4 train_fashion_mnist --backend mpi   the MPI backend, ranks from mpirun
+//                                                 (where dcomm was built with MPI)
 //
 // Each rank reads its share of the training set (distributed_sampler,
 // seeded: the 128 samples of a step are the same whatever the world size),
@@ -17,7 +19,7 @@
 // counted by every rank on its shard of the test set and summed with
 // all_reduce.
 //
-// Options: --world N, --epochs 3, --lr 0.05, --momentum 0.9, --batch 128,
+// Options: --backend cpu|mpi, --world N, --epochs 3, --lr 0.05, --momentum 0.9, --batch 128,
 // --seed 1234, --data DIR (/usr/share/datasets/fashion-mnist),
 // --train-limit N (use the first N training images), --average
 // bucketer|per_tensor, --slow-rank R --slow-ms MS (rank R sleeps MS
@@ -39,6 +41,10 @@
 
 #include "fashion_mnist.hpp"
 
+#if DCOMM_HAS_MPI
+#include <dcomm/mpi.hpp>
+#endif
+
 using namespace std::chrono_literals;
 using fashion_mnist::dataset;
 using fashion_mnist::load;
@@ -46,7 +52,8 @@ using fashion_mnist::load;
 namespace {
 
 struct settings {
-  int world = 0;  // 0: one rank of a launched job (env://)
+  std::string backend = "cpu";
+  int world = 0;  // 0: one rank of a launched job (env://, or mpirun's)
   int epochs = 3;
   float lr = 0.05f;
   float momentum = 0.9f;
@@ -157,9 +164,9 @@ struct slowest_rank {
   }
 };
 
-using comm_t = dcomm::communicator<dcomm::cpu_backend>;
-
+template <class Backend>
 struct trainer {
+  using comm_t = dcomm::communicator<Backend>;
   const settings& s;
   comm_t& comm;
   const dataset& train;
@@ -186,7 +193,7 @@ struct trainer {
   // Forward and backward over one local batch; returns its mean loss.
   // Gradients of the second layer are complete first: with the bucketer,
   // their all_reduce runs while the first layer's are computed.
-  float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<dcomm::cpu_backend>* b) {
+  float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<Backend>* b) {
     if (comm.rank() == s.slow_rank)
       std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
     const std::size_t n = batch.size(), H = mlp::hidden, O = mlp::out;
@@ -252,9 +259,9 @@ struct trainer {
   }
 };
 
+template <class Backend>
 int run(const settings& s) {
-  auto comm =
-      dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 60s});
+  auto comm = dcomm::init_process_group<Backend>({.init_method = "env://", .timeout = 60s});
   const int rank = comm.rank(), world = comm.size();
   auto say = [&](const char* line) {
     if (rank == 0) {
@@ -269,10 +276,10 @@ int run(const settings& s) {
   const dataset train = load(s.data, "train", s.train_limit);
   const dataset test = load(s.data, "t10k", 0);
 
-  trainer t(s, comm, train);
+  trainer<Backend> t(s, comm, train);
   // Every replica starts from rank 0's weights, as DDP does.
   for (auto* p : t.model.parameters()) comm.broadcast(*p, 0, dcomm::blocking);
-  dcomm::gradient_bucketer<dcomm::cpu_backend> bucketer(comm);
+  dcomm::gradient_bucketer<Backend> bucketer(comm);
   for (auto* g : t.grad.all()) bucketer.add(*g);
 
   dcomm::distributed_sampler sampler(
@@ -341,7 +348,9 @@ settings parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--world")
+    if (a == "--backend")
+      s.backend = value();
+    else if (a == "--world")
       s.world = std::stoi(value());
     else if (a == "--epochs")
       s.epochs = std::stoi(value());
@@ -371,6 +380,10 @@ settings parse(int argc, char** argv) {
                                   " (see the top of examples/train_fashion_mnist.cpp)");
   }
   if (s.epochs < 1 || s.batch < 1) throw std::invalid_argument("--epochs and --batch must be >= 1");
+  if (s.backend != "cpu" && s.backend != "mpi")
+    throw std::invalid_argument("--backend: cpu or mpi");
+  if (s.backend == "mpi" && s.world > 0)
+    throw std::invalid_argument("--backend mpi takes its ranks from mpirun, not --world");
   return s;
 }
 
@@ -381,10 +394,17 @@ int main(int argc, char** argv) {
     const settings s = parse(argc, argv);
     // Fail before starting ranks when the data is not there.
     load(s.data, "t10k", 1);
+    if (s.backend == "mpi") {
+#if DCOMM_HAS_MPI
+      return run<dcomm::mpi_backend>(s);
+#else
+      throw std::invalid_argument("--backend mpi: this build has no MPI (meson's mpi feature)");
+#endif
+    }
     if (s.world > 0)
-      dcomm::spawn(s.world, [&](int) { return run(s); });
+      dcomm::spawn(s.world, [&](int) { return run<dcomm::cpu_backend>(s); });
     else
-      run(s);
+      run<dcomm::cpu_backend>(s);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
