@@ -17,7 +17,11 @@
 // between them, and the hierarchical all_reduce), --no-confirm (confirm_rooted off: the
 // cpu_backend options), --no-check,
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
-// backend stages through page-locked host memory; where built with CUDA).
+// backend stages through page-locked host memory; where built with CUDA),
+// --backend cpu|mpi (mpi: under mpirun, where built with MPI; each
+// all_reduce, barrier and sendrecv row is followed by the same calls made
+// straight to MPI on the backend's communicator, "MPI_Allreduce" and so
+// on, links "raw": what the awaitable wrapper adds).
 //
 // Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
 // before each timed call the ranks meet in a barrier; the row's time is
@@ -43,6 +47,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_support.hpp"
@@ -55,6 +60,10 @@
 // per operation in steady state.
 #define DCOMM_HEAP_COUNTER_IMPLEMENT
 #include "support/heap_counter.hpp"
+
+#if DCOMM_HAS_MPI
+#include <dcomm/mpi.hpp>
+#endif
 
 namespace {
 
@@ -83,6 +92,7 @@ struct settings {
   std::size_t chunk_bytes = 0, eager_limit = 0, staging_slice = 0,
               slot_bytes = 0;  // 0: the backend's defaults
   bool cuda = false;           // tensors in GPU memory
+  bool mpi = false;            // --backend mpi
 };
 
 using dcomm::bench::parse_bytes;
@@ -150,6 +160,13 @@ settings parse(int argc, char** argv) {
     } else if (a == "--hosts") {
       s.hosts = std::stoi(value());
       if (s.hosts < 1) throw std::invalid_argument("--hosts: 1 or more");
+    } else if (a == "--backend") {
+      auto v = value();
+      if (v != "cpu" && v != "mpi") throw std::invalid_argument("--backend: cpu or mpi");
+      s.mpi = v == "mpi";
+#if !DCOMM_HAS_MPI
+      if (s.mpi) throw std::invalid_argument("--backend mpi: this build has no MPI");
+#endif
     } else if (a == "--transport") {
       s.transport = value();
       if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp")
@@ -165,7 +182,8 @@ settings parse(int argc, char** argv) {
           "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
           "                 [--slot-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
-          "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n");
+          "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n"
+          "                 [--backend cpu|mpi]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown argument " + a);
@@ -267,10 +285,11 @@ double reduced(const std::string& redop, int world, std::size_t i) {
   return acc;
 }
 
-using comm_type = dcomm::communicator<dcomm::cpu_backend>;
-
+template <class Backend>
 class runner {
  public:
+  using comm_type = dcomm::communicator<Backend>;
+
   runner(comm_type comm, const settings& s) : comm_(std::move(comm)), s_(s) {}
 
   // The ops call() runs, named once per row: no string compares in the
@@ -410,37 +429,99 @@ class runner {
       allocations += dcomm::test::heap_allocations_in_process() - a0;
       new_calls += dcomm::test::new_calls_in_process() - n0;
     }
+    print(op, links_, sh, us, errors, allocations, new_calls);
+#if DCOMM_HAS_MPI
+    if constexpr (std::is_same_v<Backend, dcomm::mpi_backend>) raw_mpi(kind, in, out, sh, iters);
+#endif
+  }
+
+  // The row of `op` from its calls' times (rank 0 prints).
+  void print(const std::string& op, const std::string& links, const op_shape& sh,
+             std::vector<double>& us, std::int64_t errors, std::uint64_t allocations,
+             std::uint64_t new_calls) const {
+    if (comm_.rank() != 0) return;
+    const auto iters = static_cast<double>(us.size());
     std::sort(us.begin(), us.end());
     double median = us[us.size() / 2];
-    if (op == "sendrecv") median /= 2;
-    std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * elem;
-    if (rank == 0) {
-      double algbw = static_cast<double>(row_bytes) / (median * 1e3);
-      bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
-      // Two decimals below 10 us: small calls are compared with MPI's 0.1-0.2 us.
-      std::printf("%14s %12zu %12zu %9s %7s %6s %11.*f %8.3f %8.3f %7s %7.1f %6.1f\n", op.c_str(),
-                  row_bytes, std::max(sh.in_count, sh.out_count),
-                  std::string(dcomm::name(s_.type)).c_str(), reduces ? s_.redop.c_str() : "none",
-                  links_.c_str(), median < 10 ? 2 : 1, median, algbw, algbw * sh.bus_factor,
-                  errors < 0 ? "-" : std::to_string(errors).c_str(),
-                  static_cast<double>(allocations) / iters, static_cast<double>(new_calls) / iters);
-      std::fflush(stdout);
-    }
+    if (op == "sendrecv" || op == "MPI_Send/Recv") median /= 2;
+    const std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * dcomm::size_of(s_.type);
+    const double algbw = static_cast<double>(row_bytes) / (median * 1e3);
+    const bool reduces =
+        op == "all_reduce" || op == "reduce" || op == "reduce_scatter" || op == "MPI_Allreduce";
+    // Two decimals below 10 us: small calls are compared with MPI's 0.1-0.2 us.
+    std::printf("%14s %12zu %12zu %9s %7s %6s %11.*f %8.3f %8.3f %7s %7.1f %6.1f\n", op.c_str(),
+                row_bytes, std::max(sh.in_count, sh.out_count),
+                std::string(dcomm::name(s_.type)).c_str(), reduces ? s_.redop.c_str() : "none",
+                links.c_str(), median < 10 ? 2 : 1, median, algbw, algbw * sh.bus_factor,
+                errors < 0 ? "-" : std::to_string(errors).c_str(),
+                static_cast<double>(allocations) / iters, static_cast<double>(new_calls) / iters);
+    std::fflush(stdout);
   }
+
+#if DCOMM_HAS_MPI
+  // The same calls straight to MPI on the backend's communicator, timed
+  // the same way (MPI_Barrier between calls): on this thread, the
+  // backend's, while no dcomm operation is pending. fp16 and bf16 have no
+  // MPI reduction to compare with.
+  void raw_mpi(op_kind kind, buffer& in, buffer& out, const op_shape& sh, int iters) {
+    if (kind != op_kind::all_reduce && kind != op_kind::barrier && kind != op_kind::sendrecv)
+      return;
+    if (kind == op_kind::all_reduce &&
+        (s_.type == dcomm::dtype::float16 || s_.type == dcomm::dtype::bfloat16))
+      return;
+    MPI_Comm c = comm_.backend().native_handle();
+    const MPI_Datatype dt = dcomm::mpi::datatype_of(s_.type);
+    const MPI_Op mop = redop_ == 'i' ? MPI_MIN : redop_ == 'a' ? MPI_MAX : MPI_SUM;
+    const int rank = comm_.rank(), n = static_cast<int>(out.count);
+    auto once = [&] {
+      if (kind == op_kind::all_reduce)
+        MPI_Allreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c);
+      else if (kind == op_kind::barrier)
+        MPI_Barrier(c);
+      else if (rank == 0) {
+        MPI_Send(in.bytes.data(), n, dt, 1, 0, c);
+        MPI_Recv(out.bytes.data(), n, dt, 1, 0, c, MPI_STATUS_IGNORE);
+      } else if (rank == 1) {
+        MPI_Recv(out.bytes.data(), n, dt, 0, 0, c, MPI_STATUS_IGNORE);
+        MPI_Send(out.bytes.data(), n, dt, 0, 0, c);
+      }
+    };
+    for (int i = 0; i < s_.warmup; ++i) once();
+    std::vector<double> us;
+    us.reserve(static_cast<std::size_t>(iters));
+    std::uint64_t allocations = 0, new_calls = 0;
+    for (int i = 0; i < iters; ++i) {
+      MPI_Barrier(c);
+      auto a0 = dcomm::test::heap_allocations_in_process();
+      auto n0 = dcomm::test::new_calls_in_process();
+      auto t0 = clock_type::now();
+      once();
+      us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      allocations += dcomm::test::heap_allocations_in_process() - a0;
+      new_calls += dcomm::test::new_calls_in_process() - n0;
+    }
+    const char* name = kind == op_kind::all_reduce ? "MPI_Allreduce"
+                       : kind == op_kind::barrier  ? "MPI_Barrier"
+                                                   : "MPI_Send/Recv";
+    print(name, "raw", sh, us, -1, allocations, new_calls);
+  }
+#endif
 
   asio::awaitable<void> run() {
     int world = comm_.size();
     // The links rank 0 has to its peers: "shm", "tcp" or "mixed".
     for (int p = 0; p < world; ++p) {
       if (p == comm_.rank()) continue;
-      const std::string l(comm_.backend().link_to(p));
+      std::string l(Backend::name);
+      if constexpr (requires { comm_.backend().link_to(p); }) l = comm_.backend().link_to(p);
       links_ = links_.empty() || links_ == l ? l : "mixed";
     }
     if (links_.empty()) links_ = "-";
     if (comm_.rank() == 0) {
       std::printf(
-          "# dcomm collective_bench: cpu_backend, world %d, dtype %s, algorithm %s%s\n", world,
-          std::string(dcomm::name(s_.type)).c_str(), std::string(dcomm::name(s_.algo)).c_str(),
+          "# dcomm collective_bench: %s backend, world %d, dtype %s, algorithm %s%s\n",
+          std::string(Backend::name).c_str(), world, std::string(dcomm::name(s_.type)).c_str(),
+          std::string(dcomm::name(s_.algo)).c_str(),
           s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "");
       std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
                   std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
@@ -483,6 +564,20 @@ class runner {
   char redop_ = s_.redop == "min" ? 'i' : s_.redop == "max" ? 'a' : 's';  // with_redop's
 };
 
+#if DCOMM_HAS_MPI
+int run_mpi(const settings& s) {
+  asio::io_context context;
+  // A named variable: g++ 12 destroys a temporary in a co_await twice.
+  dcomm::init_options<dcomm::mpi_backend> o{.timeout = 120s};
+  dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
+    auto comm = co_await dcomm::init_process_group<dcomm::mpi_backend>(context.get_executor(), o);
+    runner<dcomm::mpi_backend> r(comm, s);
+    co_await r.run();
+  }());
+  return 0;
+}
+#endif
+
 int run_rank(const settings& s) {
   asio::io_context context;
   dcomm::init_options<dcomm::cpu_backend> o{.timeout = 120s};
@@ -503,7 +598,7 @@ int run_rank(const settings& s) {
   }
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::cpu_backend>(context.get_executor(), o);
-    runner r(comm, s);
+    runner<dcomm::cpu_backend> r(comm, s);
     co_await r.run();
   }());
   return 0;
@@ -514,6 +609,12 @@ int run_rank(const settings& s) {
 int main(int argc, char** argv) {
   try {
     auto s = parse(argc, argv);
+#if DCOMM_HAS_MPI
+    if (s.mpi) {
+      if (s.world > 0) throw std::invalid_argument("--backend mpi takes its ranks from mpirun");
+      return run_mpi(s);
+    }
+#endif
     if (s.world > 0)
       dcomm::spawn(s.world, [&](int) { return run_rank(s); });
     else

@@ -15,10 +15,15 @@
 //   made on the backend's executor, one at a time) and MPI_Finalize at
 //   exit. A group is an MPI communicator made with MPI_Comm_split.
 // - Every operation is one of MPI's non-blocking calls (MPI_Isend,
-//   MPI_Iallreduce, ...), then tested on the backend's executor: polled for
-//   options::spin (most small operations end there), then at growing
-//   intervals up to options::poll_interval on a timer. No thread spins
-//   while nothing is pending, and the executor is never blocked.
+//   MPI_Iallreduce, ...), then tested on the backend's executor. MPI moves
+//   data only inside its calls (Open MPI's shared memory transport, a
+//   rendezvous), so a pending operation is tested without pause for
+//   options::spin, then between the executor's other handlers (each test
+//   a turn of the executor; where the host's ranks outnumber its cores,
+//   with a sched_yield) for options::busy_poll, and only then asleep on a
+//   timer at growing intervals up to options::poll_interval: a long wait
+//   for a late peer costs no core. No thread spins while nothing is
+//   pending, and the executor is never blocked.
 // - fp16 and bf16 travel as 16-bit words and are reduced by dcomm (float
 //   accumulation, as on the CPU backend), as are custom functors: through
 //   a user op (mpi/types.hpp). avg and premul_sum are MPI's sum, finished
@@ -78,8 +83,10 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
     // The communicator whose ranks form dcomm's world (duplicated: dcomm's
     // traffic never matches the program's); MPI_COMM_NULL: MPI_COMM_WORLD.
     MPI_Comm comm = MPI_COMM_NULL;
-    // How long an operation polls MPI before it sleeps between tests.
+    // How long an operation tests MPI without pause, then between the
+    // executor's other handlers, before it sleeps between tests.
     std::chrono::microseconds spin = std::chrono::microseconds(20);
+    std::chrono::microseconds busy_poll = std::chrono::microseconds(100000);
     // The longest sleep between tests of a pending operation.
     std::chrono::microseconds poll_interval = std::chrono::microseconds(1000);
     // Every collective first checks that the group's ranks make the same
@@ -178,6 +185,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   int rank_ = 0;
   int world_ = 1;
   int tag_ub_ = 32767;
+  bool oversubscribed_ = false;  // more ranks on this host than cores to run them
   options o_;
   std::map<std::uint64_t, MPI_Comm> comms_;  // by group_state::id
   std::atomic<bool> aborted_{false};

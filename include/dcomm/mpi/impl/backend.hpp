@@ -2,9 +2,12 @@
 #pragma once
 
 #include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -101,6 +104,16 @@ inline mpi_backend::mpi_backend(asio::any_io_executor ex, MPI_Comm world, option
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found);
   if (found && ub) tag_ub_ = *static_cast<int*>(ub);
+  // The ranks of this host (a collective of the world, once) against its
+  // cores (not this process's affinity: mpirun binds each rank to one).
+  MPI_Comm host = MPI_COMM_NULL;
+  int on_host = 1;
+  if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host) ==
+      MPI_SUCCESS) {
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
+  }
+  oversubscribed_ = on_host > std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   comms_[0] = world;
 }
 
@@ -234,19 +247,24 @@ inline detail::task<void> mpi_backend::wait(MPI_Request* requests, int n, const 
     if (rc != MPI_SUCCESS) fail(rc, ctx, operation, peers);
     return done != 0;
   };
-  if (test()) co_return;
-  const auto spin_until = detail::clock::now() + o_.spin;
-  while (detail::clock::now() < spin_until)
-    if (test()) co_return;
-  asio::steady_timer timer(ex_);
+  const auto start = detail::clock::now();
+  std::optional<asio::steady_timer> timer;  // made only for a long wait
   auto nap = std::chrono::microseconds(10);
   for (;;) {
+    if (test()) co_return;
     const auto now = detail::clock::now();
     if (aborted_ || now >= ctx.deadline) break;
-    timer.expires_at(std::min(now + nap, ctx.deadline));
-    auto [ec] = co_await timer.async_wait(detail::use_task);
+    if (now - start < o_.spin) continue;
+    if (now - start < o_.busy_poll) {
+      // A turn of the executor: its other handlers run before the next test.
+      if (oversubscribed_) ::sched_yield();
+      co_await asio::post(ex_, detail::use_task);
+      continue;
+    }
+    if (!timer) timer.emplace(ex_);
+    timer->expires_at(std::min(now + nap, ctx.deadline));
+    auto [ec] = co_await timer->async_wait(detail::use_task);
     (void)ec;
-    if (test()) co_return;
     nap = std::min(nap * 2, o_.poll_interval);
   }
   // A receive's request is cancelled; anything else MPI keeps.
