@@ -15,8 +15,8 @@ Each block is preceded by an HTML comment that says how to take it:
 
 The first line is the kind, with `bare` (statement kinds: none of the
 names below) or `global` (file: not in a namespace of its own, for
-specializations of dcomm's templates). Fields: `needs: torch` or
-`needs: nccl` (compiled only where that dependency is found), `given:`,
+specializations of dcomm's templates). Fields: `needs: torch`,
+`needs: nccl` or `needs: mpi` (compiled only where that dependency is found), `given:`,
 `include:` (a header the prose takes for granted), `then:` (statements
 after the block: checks of what it did), `run:` and `expect:`. Kinds:
   program    a whole program; its main is run by `run: direct` or
@@ -33,7 +33,7 @@ prose takes for granted); `#include` lines of the block go to the top of
 the file. `expect: TEXT` (repeatable) is a line the run must print. A block
 without such a comment fails the build, naming it.
 
-    snippets.py --out FILE.cpp --list FILE.json [--needs none|torch|nccl] SOURCE_ROOT
+    snippets.py --out FILE.cpp --list FILE.json [--needs none|torch|nccl|mpi] SOURCE_ROOT
 """
 import argparse
 import json
