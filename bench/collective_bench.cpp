@@ -20,8 +20,10 @@
 // backend stages through page-locked host memory; where built with CUDA),
 // --backend cpu|mpi (mpi: under mpirun, where built with MPI; each
 // all_reduce, barrier and sendrecv row is followed by the same calls made
-// straight to MPI on the backend's communicator, "MPI_Allreduce" and so
-// on, links "raw": what the awaitable wrapper adds).
+// straight to MPI on the backend's communicator, links "raw": blocking,
+// "MPI_Allreduce", and for collectives non-blocking + MPI_Wait too,
+// "MPI_Iallreduce", the calls the backend makes: what the awaitable wrapper
+// adds).
 //
 // Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
 // before each timed call the ranks meet in a barrier; the row's time is
@@ -446,8 +448,8 @@ class runner {
     if (op == "sendrecv" || op == "MPI_Send/Recv") median /= 2;
     const std::size_t row_bytes = std::max(sh.in_count, sh.out_count) * dcomm::size_of(s_.type);
     const double algbw = static_cast<double>(row_bytes) / (median * 1e3);
-    const bool reduces =
-        op == "all_reduce" || op == "reduce" || op == "reduce_scatter" || op == "MPI_Allreduce";
+    const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter" ||
+                         op == "MPI_Allreduce" || op == "MPI_Iallreduce";
     // Two decimals below 10 us: small calls are compared with MPI's 0.1-0.2 us.
     std::printf("%14s %12zu %12zu %9s %7s %6s %11.*f %8.3f %8.3f %7s %7.1f %6.1f\n", op.c_str(),
                 row_bytes, std::max(sh.in_count, sh.out_count),
@@ -461,8 +463,10 @@ class runner {
 #if DCOMM_HAS_MPI
   // The same calls straight to MPI on the backend's communicator, timed
   // the same way (MPI_Barrier between calls): on this thread, the
-  // backend's, while no dcomm operation is pending. fp16 and bf16 have no
-  // MPI reduction to compare with.
+  // backend's, while no dcomm operation is pending. Collectives twice:
+  // blocking, and non-blocking + MPI_Wait (what the backend calls), which
+  // splits MPI's cost of the non-blocking form from dcomm's. fp16 and bf16
+  // have no MPI reduction to compare with.
   void raw_mpi(op_kind kind, buffer& in, buffer& out, const op_shape& sh, int iters) {
     if (kind != op_kind::all_reduce && kind != op_kind::barrier && kind != op_kind::sendrecv)
       return;
@@ -473,37 +477,48 @@ class runner {
     const MPI_Datatype dt = dcomm::mpi::datatype_of(s_.type);
     const MPI_Op mop = redop_ == 'i' ? MPI_MIN : redop_ == 'a' ? MPI_MAX : MPI_SUM;
     const int rank = comm_.rank(), n = static_cast<int>(out.count);
-    auto once = [&] {
-      if (kind == op_kind::all_reduce)
-        MPI_Allreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c);
-      else if (kind == op_kind::barrier)
+    auto timed = [&](const char* name, auto once) {
+      for (int i = 0; i < s_.warmup; ++i) once();
+      std::vector<double> us;
+      us.reserve(static_cast<std::size_t>(iters));
+      std::uint64_t allocations = 0, new_calls = 0;
+      for (int i = 0; i < iters; ++i) {
         MPI_Barrier(c);
-      else if (rank == 0) {
-        MPI_Send(in.bytes.data(), n, dt, 1, 0, c);
-        MPI_Recv(out.bytes.data(), n, dt, 1, 0, c, MPI_STATUS_IGNORE);
-      } else if (rank == 1) {
-        MPI_Recv(out.bytes.data(), n, dt, 0, 0, c, MPI_STATUS_IGNORE);
-        MPI_Send(out.bytes.data(), n, dt, 0, 0, c);
+        auto a0 = dcomm::test::heap_allocations_in_process();
+        auto n0 = dcomm::test::new_calls_in_process();
+        auto t0 = clock_type::now();
+        once();
+        us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+        allocations += dcomm::test::heap_allocations_in_process() - a0;
+        new_calls += dcomm::test::new_calls_in_process() - n0;
       }
+      print(name, "raw", sh, us, -1, allocations, new_calls);
     };
-    for (int i = 0; i < s_.warmup; ++i) once();
-    std::vector<double> us;
-    us.reserve(static_cast<std::size_t>(iters));
-    std::uint64_t allocations = 0, new_calls = 0;
-    for (int i = 0; i < iters; ++i) {
-      MPI_Barrier(c);
-      auto a0 = dcomm::test::heap_allocations_in_process();
-      auto n0 = dcomm::test::new_calls_in_process();
-      auto t0 = clock_type::now();
-      once();
-      us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-      allocations += dcomm::test::heap_allocations_in_process() - a0;
-      new_calls += dcomm::test::new_calls_in_process() - n0;
+    MPI_Request r = MPI_REQUEST_NULL;
+    if (kind == op_kind::all_reduce) {
+      timed("MPI_Allreduce",
+            [&] { MPI_Allreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c); });
+      timed("MPI_Iallreduce", [&] {
+        MPI_Iallreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c, &r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      });
+    } else if (kind == op_kind::barrier) {
+      timed("MPI_Barrier", [&] { MPI_Barrier(c); });
+      timed("MPI_Ibarrier", [&] {
+        MPI_Ibarrier(c, &r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      });
+    } else {
+      timed("MPI_Send/Recv", [&] {
+        if (rank == 0) {
+          MPI_Send(in.bytes.data(), n, dt, 1, 0, c);
+          MPI_Recv(out.bytes.data(), n, dt, 1, 0, c, MPI_STATUS_IGNORE);
+        } else if (rank == 1) {
+          MPI_Recv(out.bytes.data(), n, dt, 0, 0, c, MPI_STATUS_IGNORE);
+          MPI_Send(out.bytes.data(), n, dt, 0, 0, c);
+        }
+      });
     }
-    const char* name = kind == op_kind::all_reduce ? "MPI_Allreduce"
-                       : kind == op_kind::barrier  ? "MPI_Barrier"
-                                                   : "MPI_Send/Recv";
-    print(name, "raw", sh, us, -1, allocations, new_calls);
   }
 #endif
 
