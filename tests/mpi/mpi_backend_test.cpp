@@ -17,13 +17,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpi/mpi_world.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
 
 dcomm::communicator<dcomm::mpi_backend>& comm() {
-  static auto c = dcomm::init_process_group<dcomm::mpi_backend>({.timeout = 30s});
-  return c;
+  return dcomm::test::mpi_world();
 }
 
 // Values every rank can compute for rank r's element i (small integers:

@@ -18,6 +18,7 @@
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/thread_world.hpp"
+#include "support/check_failed.hpp"
 #include "support/sanitizer.hpp"
 
 namespace dcomm::test {
@@ -72,11 +73,6 @@ inline std::string summary(const std::vector<std::string>& errors) {
     INFO(dcomm_summary_);                                        \
     REQUIRE(dcomm_summary_.empty());                             \
   } while (false)
-
-// A failure inside a rank's coroutine, with the rank and what was compared.
-struct check_failed : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Inside a rank's coroutine: fails that rank with `what`.
 inline void require(bool ok, const std::string& what) {
