@@ -257,6 +257,15 @@ concept joins_without_store = requires {
   Backend::joins_without_store;
 };
 
+// A backend whose process-wide set-up must run on the thread that starts
+// it (MPI_Init_thread: that thread is MPI's main thread) has
+// Backend::prepare_process(), which the blocking init_process_group calls
+// on the caller's thread before its io thread takes over.
+template <class Backend>
+concept prepares_process = requires {
+  Backend::prepare_process();
+};
+
 template <backend Backend>
 asio::awaitable<communicator<Backend>> join_without_store(init_options<Backend> o,
                                                           std::shared_ptr<io_thread> thread) {
@@ -317,6 +326,7 @@ auto init_process_group(asio::any_io_executor executor, init_options<Backend> o,
 // The blocking form for plain code: the backend gets an io thread of its own.
 template <backend Backend>
 communicator<Backend> init_process_group(init_options<Backend> o) {
+  if constexpr (detail::prepares_process<Backend>) Backend::prepare_process();
   auto thread = std::make_shared<detail::io_thread>();
   auto limit = o.timeout * 2 + detail::blocking_grace;
   return detail::initiate(thread->get_executor(), detail::init_world<Backend>(std::move(o), thread),

@@ -13,7 +13,9 @@
 //   MPI_Init_thread if the program has not (asking MPI_THREAD_MULTIPLE,
 //   needing at least MPI_THREAD_SERIALIZED: every MPI call of dcomm's is
 //   made on the backend's executor, one at a time) and MPI_Finalize at
-//   exit. A group is an MPI communicator made with MPI_Comm_split.
+//   exit (the blocking init_process_group initialises MPI on the calling
+//   thread, which should then be the one that exits). A group is an MPI
+//   communicator made with MPI_Comm_split.
 // - Every operation is one of MPI's non-blocking calls (MPI_Isend,
 //   MPI_Iallreduce, ...), then tested on the backend's executor. MPI moves
 //   data only inside its calls (Open MPI's shared memory transport, a
@@ -97,6 +99,12 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   // Initialises MPI if needed and makes the world's communicator, on (and
   // staying on) `ex`, a strand or a one-thread context.
   static std::shared_ptr<mpi_backend> create_world(asio::any_io_executor ex, options o);
+  // What the blocking init_process_group calls on the caller's thread
+  // before the backend's own io thread starts: MPI_Init_thread where the
+  // program has not initialised MPI, so that the thread that initialised
+  // MPI (MPI's "main thread", MPI_Is_thread_main) is the caller's, which
+  // also calls MPI_Finalize at exit, as MPI asks.
+  static void prepare_process();
 
   mpi_backend(const mpi_backend&) = delete;
   mpi_backend& operator=(const mpi_backend&) = delete;

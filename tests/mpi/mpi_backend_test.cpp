@@ -75,6 +75,11 @@ TEST_CASE("the world comes from MPI") {
   int level = 0;
   MPI_Query_thread(&level);
   CHECK(level >= MPI_THREAD_SERIALIZED);
+  // The blocking init_process_group initialised MPI on this thread, not on
+  // its io thread: this thread calls MPI_Finalize at exit, as MPI asks.
+  int main_thread = 0;
+  MPI_Is_thread_main(&main_thread);
+  CHECK(main_thread != 0);
 }
 
 TEST_CASE("all_reduce: every dtype, sum, max and avg") {

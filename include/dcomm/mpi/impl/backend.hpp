@@ -77,6 +77,10 @@ inline const char* thread_level_name(int level) {
 
 }  // namespace mpi
 
+inline void mpi_backend::prepare_process() {
+  mpi::ensure_initialized();
+}
+
 inline std::shared_ptr<mpi_backend> mpi_backend::create_world(asio::any_io_executor ex, options o) {
   const int level = mpi::ensure_initialized();
   if (level < MPI_THREAD_SERIALIZED)
