@@ -154,6 +154,14 @@ class request {
     asio::steady_timer timer(co_await asio::this_coro::executor,
                              s->deadline + detail::blocking_grace);
     s->waiters.push_back(&timer);
+    // Off the list however this frame ends: a frame destroyed while it
+    // waits (its io_context shut down) must not leave finish() a timer
+    // that is gone.
+    struct unlist {
+      state* s;
+      asio::steady_timer* t;
+      ~unlist() { std::erase(s->waiters, t); }
+    } unlist_on_exit{s.get(), &timer};
     for (;;) {
       {
         std::lock_guard lock(s->mutex);
@@ -163,7 +171,6 @@ class request {
       co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       if (!ec) break;
     }
-    std::erase(s->waiters, &timer);
     std::lock_guard lock(s->mutex);
     if (!s->done)
       throw_error(errc::timeout, {.operation = s->operation,
