@@ -28,6 +28,8 @@ enum class errc {
   device_error,      // a CUDA or NCCL call failed (dcomm/cuda.hpp, dcomm/nccl.hpp)
   system_error,      // the operating system refused a call (fork, pipe, ...): detail names
                      // the call and errno's text
+  remote_error,      // a remote call's function threw on the callee (dcomm/rpc.hpp): detail
+                     // holds its message
 };
 
 }  // namespace dcomm
@@ -71,6 +73,8 @@ class error_category_impl final : public std::error_category {
         return "device error";
       case errc::system_error:
         return "system call failed";
+      case errc::remote_error:
+        return "the remote function failed";
     }
     return "unknown dcomm error";
   }
