@@ -102,14 +102,15 @@ run_tests() {
   # tokens themselves); TSan runs the
   # suites where ranks of one process share memory (the lock-free rings and
   # the arena; the rest of the backend is one strand per rank), co_await's
-  # immediate resumption and the flight recorder. libtorch is built with g++
+  # immediate resumption, the flight recorder and the RPC agent (a blocking
+  # call from a plain thread). libtorch is built with g++
   # and not instrumented: the g++ build alone compiles against it (its
   # headers cost a minute per translation unit).
   local builds=(
     "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
     "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers"
+    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,tcp collectives,tcp groups,completion tokens,flight recorder,stragglers,rpc"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"

@@ -37,12 +37,12 @@ FLOORS = [
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
     (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
-    (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'),
+    (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'), (5, 'dcomm/rpc.hpp'), (5, 'dcomm/rpc/'),
     (6, 'dcomm/dcomm.hpp'),
 ]
 
 COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/mpi/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
-              'dcomm/shm/', 'dcomm/trace/']
+              'dcomm/shm/', 'dcomm/trace/', 'dcomm/rpc/']
 # Component -> headers (or folders, ending in '/') of others it may include (the mesh finds its
 # peers through the store; the transport's links to ranks of its host are
 # shared memory; the host's ranks find their segment through the store).

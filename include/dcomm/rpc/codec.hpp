@@ -1,0 +1,276 @@
+// How remote calls turn arguments and results into bytes and back
+// (dcomm/rpc.hpp): a small binary format, little-endian as the machines
+// that run dcomm, with no code and no type information from the wire
+// beyond a signature string that both sides compare.
+//
+// Built in: bool, the integer and floating types, float16 and bfloat16,
+// std::string, std::vector, std::optional, std::pair and std::tuple of
+// those, and trivially copyable structs (copied as their bytes: no
+// pointers inside, please; give such a type a codec). A type of your own:
+//
+//   template <> struct dcomm::rpc::codec<point> {
+//     static std::string name() { return "point"; }
+//     static void write(dcomm::rpc::writer& w, const point& p) { w(p.x); w(p.label); }
+//     static void read(dcomm::rpc::reader& r, point& p) { r(p.x); r(p.label); }
+//   };
+//
+// A reader never reads past its bytes and checks every length before it
+// allocates: bytes that do not parse throw payload_error, which the agent
+// turns into an error for the caller (the callee goes on).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dcomm/half.hpp"
+
+namespace dcomm::rpc {
+
+// A call's or a reply's bytes.
+using bytes = std::vector<std::uint8_t>;
+
+// Bytes that do not parse as what the signature says.
+struct payload_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Specialise for a type of your own (see above). The primary template is
+// left undefined: a type without a codec is a compile error.
+template <class T, class Enable = void>
+struct codec;
+
+// Appends values to a byte buffer.
+class writer {
+ public:
+  explicit writer(bytes& out) : out_(out) {}
+  void raw(const void* p, std::size_t n) {
+    if (n == 0) return;
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  template <class T>
+  void operator()(const T& v) {
+    codec<std::remove_cv_t<T>>::write(*this, v);
+  }
+
+ private:
+  bytes& out_;
+};
+
+// Reads values from bytes it does not own, checking every length.
+class reader {
+ public:
+  reader(const std::uint8_t* p, std::size_t n) : p_(p), end_(p + n) {}
+  explicit reader(const bytes& b) : reader(b.data(), b.size()) {}
+
+  std::size_t left() const { return static_cast<std::size_t>(end_ - p_); }
+  void raw(void* out, std::size_t n) {
+    if (n > left())
+      throw payload_error("the payload ends " + std::to_string(n - left()) + " bytes early");
+    if (n) std::memcpy(out, p_, n);
+    p_ += n;
+  }
+  // A count of elements of `element_bytes` each that must still fit in
+  // what is left (so a forged count cannot make us allocate).
+  std::size_t count(std::size_t element_bytes) {
+    std::uint64_t n = 0;
+    raw(&n, sizeof n);
+    if (element_bytes && n > left() / element_bytes)
+      throw payload_error("a length of " + std::to_string(n) + " does not fit in the " +
+                          std::to_string(left()) + " bytes left");
+    if (!element_bytes && n > (std::uint64_t{1} << 32))
+      throw payload_error("a length of " + std::to_string(n) + " empty elements");
+    return static_cast<std::size_t>(n);
+  }
+  template <class T>
+  void operator()(T& v) {
+    codec<std::remove_cv_t<T>>::read(*this, v);
+  }
+  template <class T>
+  T read() {
+    T v{};
+    (*this)(v);
+    return v;
+  }
+
+ private:
+  const std::uint8_t* p_;
+  const std::uint8_t* end_;
+};
+
+namespace codec_detail {
+template <class T>
+std::string scalar_name() {
+  if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<T, char>)
+    return "char";
+  else if constexpr (std::is_same_v<T, float16>)
+    return "f16";
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return "bf16";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "f" + std::to_string(sizeof(T) * 8);
+  else if constexpr (std::is_signed_v<T>)
+    return "i" + std::to_string(sizeof(T) * 8);
+  else
+    return "u" + std::to_string(sizeof(T) * 8);
+}
+
+template <class T>
+constexpr bool is_scalar_v =
+    std::is_arithmetic_v<T> || std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+template <class T>
+struct is_composite : std::false_type {};  // has a codec of its own below
+template <class T>
+struct is_composite<std::optional<T>> : std::true_type {};
+template <class A, class B>
+struct is_composite<std::pair<A, B>> : std::true_type {};
+template <class... Ts>
+struct is_composite<std::tuple<Ts...>> : std::true_type {};
+
+// Copied as its bytes: scalars, enums and trivially copyable structs.
+template <class T>
+constexpr bool is_plain_v =
+    std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T> &&
+    !std::is_array_v<T> && !is_composite<T>::value;
+}  // namespace codec_detail
+
+// Scalars, enums and trivially copyable structs: their bytes.
+template <class T>
+struct codec<T, std::enable_if_t<codec_detail::is_plain_v<T>>> {
+  static std::string name() {
+    if constexpr (codec_detail::is_scalar_v<T>)
+      return codec_detail::scalar_name<T>();
+    else if constexpr (std::is_enum_v<T>)
+      return "enum" + std::to_string(sizeof(T));
+    else
+      return "struct" + std::to_string(sizeof(T));
+  }
+  static void write(writer& w, const T& v) { w.raw(&v, sizeof v); }
+  static void read(reader& r, T& v) { r.raw(&v, sizeof v); }
+};
+
+template <>
+struct codec<std::string> {
+  static std::string name() { return "str"; }
+  static void write(writer& w, const std::string& s) {
+    const std::uint64_t n = s.size();
+    w.raw(&n, sizeof n);
+    w.raw(s.data(), s.size());
+  }
+  static void read(reader& r, std::string& s) {
+    s.resize(r.count(1));
+    r.raw(s.data(), s.size());
+  }
+};
+
+template <class T, class A>
+struct codec<std::vector<T, A>> {
+  static std::string name() { return "vec<" + codec<T>::name() + ">"; }
+  static void write(writer& w, const std::vector<T, A>& v) {
+    const std::uint64_t n = v.size();
+    w.raw(&n, sizeof n);
+    if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>)
+      w.raw(v.data(), v.size() * sizeof(T));
+    else
+      for (const auto& x : v) w(x);
+  }
+  static void read(reader& r, std::vector<T, A>& v) {
+    if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>) {
+      v.resize(r.count(sizeof(T)));
+      r.raw(v.data(), v.size() * sizeof(T));
+    } else {
+      // Each element takes at least one byte on the wire, bar empty structs.
+      const std::size_t n = r.count(std::is_empty_v<T> ? 0 : 1);
+      v.clear();
+      v.reserve(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        T x{};
+        r(x);
+        v.push_back(std::move(x));
+      }
+    }
+  }
+};
+
+template <class T>
+struct codec<std::optional<T>> {
+  static std::string name() { return "opt<" + codec<T>::name() + ">"; }
+  static void write(writer& w, const std::optional<T>& v) {
+    const std::uint8_t has = v ? 1 : 0;
+    w.raw(&has, 1);
+    if (v) w(*v);
+  }
+  static void read(reader& r, std::optional<T>& v) {
+    std::uint8_t has = 0;
+    r.raw(&has, 1);
+    if (has > 1) throw payload_error("an optional's flag is " + std::to_string(has));
+    if (!has) {
+      v.reset();
+      return;
+    }
+    v.emplace();
+    r(*v);
+  }
+};
+
+// The signature of a list of types: "(i32,str,vec<f32>)".
+template <class... Ts>
+std::string signature() {
+  std::string s = "(";
+  ((s += codec<std::remove_cvref_t<Ts>>::name(), s += ","), ...);
+  if (s.size() > 1) s.pop_back();
+  return s + ")";
+}
+
+template <class... Ts>
+struct codec<std::tuple<Ts...>> {
+  static std::string name() { return signature<Ts...>(); }
+  static void write(writer& w, const std::tuple<Ts...>& t) {
+    std::apply([&](const auto&... x) { (w(x), ...); }, t);
+  }
+  static void read(reader& r, std::tuple<Ts...>& t) {
+    std::apply([&](auto&... x) { (r(x), ...); }, t);
+  }
+};
+
+template <class A, class B>
+struct codec<std::pair<A, B>> {
+  static std::string name() { return signature<A, B>(); }
+  static void write(writer& w, const std::pair<A, B>& p) {
+    w(p.first);
+    w(p.second);
+  }
+  static void read(reader& r, std::pair<A, B>& p) {
+    r(p.first);
+    r(p.second);
+  }
+};
+
+// What an argument travels as: character strings as std::string, the
+// rest as themselves.
+template <class T>
+using wire_type = std::conditional_t<std::is_same_v<std::decay_t<T>, const char*> ||
+                                         std::is_same_v<std::decay_t<T>, char*>,
+                                     std::string, std::remove_cvref_t<T>>;
+
+// The name a call's result travels under ("void" for none).
+template <class T>
+std::string result_name() {
+  if constexpr (std::is_void_v<T>)
+    return "void";
+  else
+    return codec<std::remove_cvref_t<T>>::name();
+}
+
+}  // namespace dcomm::rpc

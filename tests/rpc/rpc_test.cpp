@@ -1,0 +1,289 @@
+// dcomm/rpc.hpp in thread worlds over real loopback sockets: calls with
+// every kind of argument, nested calls back to the caller, 10,000 calls in
+// flight, large arguments, every error a caller can get (the callee goes
+// on serving after each), deadlines, a callee that leaves mid-call, and
+// the graceful shutdown.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <dcomm/rpc.hpp>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::errc;
+using dcomm::test::comm;
+using dcomm::test::contains;
+using dcomm::test::failure_of;
+using dcomm::test::require;
+
+namespace {
+
+// A value whose codec claims to be an i32 but writes two bytes: a caller
+// that sends bytes that do not parse as the signature says.
+struct liar {
+  std::uint16_t v = 0;
+};
+
+struct point {  // a user type with a codec of its own
+  double x = 0;
+  std::string label;
+};
+
+}  // namespace
+
+template <>
+struct dcomm::rpc::codec<point> {
+  static std::string name() { return "point"; }
+  static void write(writer& w, const point& p) {
+    w(p.x);
+    w(p.label);
+  }
+  static void read(reader& r, point& p) {
+    r(p.x);
+    r(p.label);
+  }
+};
+
+template <>
+struct dcomm::rpc::codec<liar> {
+  static std::string name() { return "i32"; }
+  static void write(writer& w, const liar& l) { w(l.v); }
+  static void read(reader& r, liar& l) { r(l.v); }
+};
+
+namespace {
+
+asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor, d);
+  co_await t.async_wait(asio::use_awaitable);
+}
+
+using agent = dcomm::rpc::agent<dcomm::cpu_backend>;
+
+// The functions every rank serves in these tests.
+// `self`: this rank's agent, for handlers that call out (weak: the agent
+// owns its functions).
+dcomm::rpc::registry functions(int rank, std::weak_ptr<std::optional<agent>> self) {
+  dcomm::rpc::registry f;
+  f.add("add", [](std::int32_t a, std::int32_t b) { return a + b; });
+  f.add("whoami", [rank]() { return rank; });
+  f.add("greet",
+        [rank](std::string name) { return "hello " + name + " from " + std::to_string(rank); });
+  f.add("sum", [](std::vector<float> v) { return std::accumulate(v.begin(), v.end(), 0.0); });
+  f.add("echo", [](std::vector<float> v) { return v; });
+  f.add("nothing", []() {});
+  f.add("mixed", [](std::tuple<std::int64_t, std::string> t, std::optional<double> o,
+                    std::vector<std::string> words) {
+    return std::get<1>(t) + ":" + std::to_string(std::get<0>(t)) + ":" +
+           std::to_string(o.value_or(-1)) + ":" + std::to_string(words.size());
+  });
+  f.add("move_point", [](point p, double dx) {
+    p.x += dx;
+    p.label += "'";
+    return p;
+  });
+  f.add("throws", []() -> int { throw std::runtime_error("the handler's own words"); });
+  f.add("slow", [](std::int32_t ms) -> asio::awaitable<std::int32_t> {
+    co_await sleep_for(std::chrono::milliseconds(ms));
+    co_return ms;
+  });
+  // Calls `to` back ("whoami" there) from inside a handler.
+  f.add("ask", [self](std::int32_t to) -> asio::awaitable<std::int32_t> {
+    auto me = self.lock();
+    if (!me || !*me) throw std::runtime_error("no agent");
+    co_return 100 + co_await (*me)->call<std::int32_t>(to, "whoami");
+  });
+  return f;
+}
+
+asio::awaitable<agent> start(comm& c, std::shared_ptr<std::optional<agent>> self,
+                             dcomm::rpc::agent_options o = {}) {
+  auto a = co_await dcomm::rpc::start(c, functions(c.rank(), self), o);
+  *self = a;
+  co_return a;
+}
+
+}  // namespace
+
+TEST_SUITE("rpc") {
+  TEST_CASE("calls: scalars, strings, vectors, tuples, optionals, user types, void, oneself") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      const int next = (r + 1) % 3;
+      require(co_await rpc.call<std::int32_t>(next, "add", 2, 40) == 42, "add");
+      require(co_await rpc.call<int>(next, "whoami") == next, "whoami");
+      require(co_await rpc.call<int>(r, "whoami") == r, "a call to oneself");
+      // (Arguments with destructors are named: g++ 12 destroys a temporary
+      // inside a co_await expression twice.)
+      const std::string who = "rank " + std::to_string(r);
+      const auto hello = co_await rpc.call<std::string>(next, "greet", who);
+      require(hello == "hello " + who + " from " + std::to_string(next), "greet: " + hello);
+      const char* literal = "literal";
+      const auto hello2 = co_await rpc.call<std::string>(next, "greet", literal);
+      require(hello2 == "hello literal from " + std::to_string(next), "a C string: " + hello2);
+      std::vector<float> v(1000);
+      std::iota(v.begin(), v.end(), 1.0f);
+      require(co_await rpc.call<double>(next, "sum", v) == 500500.0, "sum");
+      co_await rpc.call(next, "nothing");
+      auto mixed =
+          rpc.call<std::string>(next, "mixed", std::tuple<std::int64_t, std::string>{7, "t"},
+                                std::optional<double>{}, std::vector<std::string>{"a", "b"});
+      const auto m = co_await std::move(mixed);  // the arguments' bytes are in the awaitable
+      require(m == "t:7:-1.000000:2", "mixed: " + m);
+      const point start{1.5, "p"};
+      const auto p = co_await rpc.call<point>(next, "move_point", start, 2.0);
+      require(p.x == 3.5 && p.label == "p'", "user type");
+      auto f = rpc.call_async<int>(next, "add", 1, 1);
+      while (f.wait_for(0s) != std::future_status::ready) co_await sleep_for(1ms);
+      require(f.get() == 2, "call_async");
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("call_sync from a plain thread, while the communicator's thread serves") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      std::atomic<int> got{-1};
+      std::string failure;
+      std::thread t([&] {
+        try {
+          got = rpc.call_sync<int>({1 - r, 10s}, "add", r, 10);
+        } catch (const std::exception& e) {
+          failure = e.what();
+          got = -2;
+        }
+      });
+      while (got.load() == -1) co_await sleep_for(1ms);
+      t.join();
+      require(got.load() == r + 10, "call_sync: " + failure);
+      // On the communicator's own thread it would wait for itself: refused.
+      auto [code, what] = co_await failure_of([&]() -> asio::awaitable<void> {
+        rpc.call_sync<int>(1 - r, "whoami");
+        co_return;
+      });
+      require(code == errc::invalid_argument, "call_sync on the io thread: " + what);
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("nested calls back to the caller, and 10,000 calls in flight") {
+    DCOMM_TEST_DEADLINE(120s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      const int next = (r + 1) % 3;
+      // next asks this rank who it is, from inside its handler.
+      require(co_await rpc.call<std::int32_t>(next, "ask", r) == 100 + r, "nested call");
+      if (r == 0) {
+        constexpr int calls = 10'000;
+        int done = 0, wrong = 0;
+        for (int i = 0; i < calls; ++i)
+          asio::co_spawn(co_await asio::this_coro::executor,
+                         rpc.call<std::int32_t>(1 + i % 2, "add", i, 1),
+                         [&, i](std::exception_ptr e, std::int32_t v) {
+                           ++done;
+                           if (e || v != i + 1) ++wrong;
+                         });
+        while (done < calls) co_await sleep_for(1ms);
+        require(wrong == 0, std::to_string(wrong) + " of 10,000 calls failed or were wrong");
+      }
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("large arguments and results: 16 MiB each way") {
+    DCOMM_TEST_DEADLINE(120s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      if (r == 0) {
+        std::vector<float> big(4 << 20);
+        for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000);
+        auto back = co_await rpc.call<std::vector<float>>(1, "echo", big);
+        require(back == big, "echo of 16 MiB");
+      }
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("errors reach the caller typed; the callee serves on") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      if (r == 0) {
+        auto [code, what] = co_await failure_of([&] { return rpc.call<int>(1, "nope"); });
+        require(code == errc::invalid_argument && contains(what, "no function named 'nope'") &&
+                    contains(what, "rank 1"),
+                "unknown function: " + what);
+        std::tie(code, what) =
+            co_await failure_of([&] { return rpc.call<int>(1, "add", 1.5, 2.5); });
+        require(
+            code == errc::mismatch && contains(what, "(i32,i32)") && contains(what, "(f64,f64)"),
+            "wrong argument types: " + what);
+        std::tie(code, what) =
+            co_await failure_of([&] { return rpc.call<double>(1, "add", 1, 2); });
+        require(code == errc::mismatch && contains(what, "returns i32"),
+                "wrong result type: " + what);
+        std::tie(code, what) =
+            co_await failure_of([&] { return rpc.call<int>(1, "add", liar{1}, liar{2}); });
+        require(code == errc::protocol_error && contains(what, "do not parse"),
+                "bytes that do not parse: " + what);
+        std::tie(code, what) = co_await failure_of([&] { return rpc.call<int>(1, "throws"); });
+        require(code == errc::remote_error && contains(what, "the handler's own words") &&
+                    contains(what, "'throws'"),
+                "a handler that threw: " + what);
+        std::tie(code, what) = co_await failure_of([&] { return rpc.call<int>(5, "add", 1, 2); });
+        require(code == errc::invalid_argument && contains(what, "out of range"),
+                "a rank out of range: " + what);
+        std::tie(code, what) = co_await failure_of([&] {
+          return rpc.call<std::int32_t>({1, 200ms}, "slow", 1500);
+        });
+        require(code == errc::timeout && contains(what, "rank 1") && contains(what, "'slow'"),
+                "a deadline: " + what);
+        // After all of that the callee still answers.
+        require(co_await rpc.call<std::int32_t>(1, "add", 20, 22) == 42, "served on");
+      }
+      co_await rpc.shutdown();  // waits for the slow handler on rank 1
+      auto [code, what] = co_await failure_of([&] { return rpc.call<int>(1 - r, "whoami"); });
+      require(code == errc::closed, "a call after shutdown: " + what);
+    });
+  }
+
+  TEST_CASE("a callee that leaves mid-call: the caller gets peer_lost naming it, in time") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(
+        2,
+        [](comm& c, int r) -> asio::awaitable<void> {
+          auto self = std::make_shared<std::optional<agent>>();
+          auto rpc = co_await start(c, self);
+          if (r == 1) {
+            co_await sleep_for(300ms);  // the slow call has arrived
+            co_return;                  // its agent and communicator go: links close
+          }
+          const auto began = std::chrono::steady_clock::now();
+          auto [code, what] =
+              co_await failure_of([&] { return rpc.call<std::int32_t>(1, "slow", 5000); });
+          require(code == errc::peer_lost && contains(what, "rank 1") && contains(what, "'slow'"),
+                  "call to a rank that left: " + what);
+          require(std::chrono::steady_clock::now() - began < 4s, "peer_lost came late");
+        },
+        20s);
+    INFO(dcomm::test::summary(errors));
+    CHECK(errors[0].empty());
+  }
+}
