@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "fashion_mnist.hpp"
+#include "mlp.hpp"
 
 #if DCOMM_HAS_MPI
 #include <dcomm/mpi.hpp>
@@ -64,64 +65,6 @@ struct settings {
   bool bucketer = true;
   int slow_rank = -1;
   int slow_ms = 0;
-};
-
-// ------------------------------------------------------------ model
-
-// 784 -> 128 (ReLU) -> 10 -> log_softmax. Weights are stored input-major,
-// so every inner loop runs over contiguous outputs and vectorises.
-struct mlp {
-  static constexpr std::size_t in = 784, hidden = 128, out = 10;
-  std::vector<float> w1 = std::vector<float>(in * hidden), b1 = std::vector<float>(hidden),
-                     w2 = std::vector<float>(hidden * out), b2 = std::vector<float>(out);
-
-  // torch.nn.Linear's default: uniform in +-1/sqrt(fan_in).
-  explicit mlp(std::uint64_t seed) {
-    std::mt19937_64 gen(seed);
-    auto init = [&](std::vector<float>& v, std::size_t fan_in) {
-      std::uniform_real_distribution<float> u(-1.0f / std::sqrt(static_cast<float>(fan_in)),
-                                              1.0f / std::sqrt(static_cast<float>(fan_in)));
-      for (auto& x : v) x = u(gen);
-    };
-    init(w1, in);
-    init(b1, in);
-    init(w2, hidden);
-    init(b2, hidden);
-  }
-  std::vector<std::vector<float>*> parameters() { return {&w1, &b1, &w2, &b2}; }
-
-  // Hidden activations and logits of one image.
-  void forward(std::span<const float> x, float* h, float* z) const {
-    std::copy(b1.begin(), b1.end(), h);
-    for (std::size_t k = 0; k < in; ++k) {
-      const float xk = x[k];
-      const float* row = w1.data() + k * hidden;
-      for (std::size_t j = 0; j < hidden; ++j) h[j] += xk * row[j];
-    }
-    for (std::size_t j = 0; j < hidden; ++j) h[j] = std::max(h[j], 0.0f);
-    std::copy(b2.begin(), b2.end(), z);
-    for (std::size_t j = 0; j < hidden; ++j) {
-      const float* row = w2.data() + j * out;
-      for (std::size_t o = 0; o < out; ++o) z[o] += h[j] * row[o];
-    }
-  }
-  static void log_softmax(float* z) {
-    float top = *std::max_element(z, z + out), sum = 0;
-    for (std::size_t o = 0; o < out; ++o) sum += std::exp(z[o] - top);
-    const float log_sum = top + std::log(sum);
-    for (std::size_t o = 0; o < out; ++o) z[o] -= log_sum;
-  }
-};
-
-struct gradients {
-  std::vector<float> w1 = std::vector<float>(mlp::in * mlp::hidden),
-                     b1 = std::vector<float>(mlp::hidden),
-                     w2 = std::vector<float>(mlp::hidden * mlp::out),
-                     b2 = std::vector<float>(mlp::out);
-  std::vector<std::vector<float>*> all() { return {&w1, &b1, &w2, &b2}; }
-  void zero() {
-    for (auto* g : all()) std::fill(g->begin(), g->end(), 0.0f);
-  }
 };
 
 // --------------------------------------------------------- training
@@ -173,8 +116,8 @@ struct trainer {
   mlp model;
   gradients grad;
   std::vector<std::vector<float>> velocity;
-  std::vector<float> hidden, logits;  // per sample of a batch
-  double waited = 0;                  // seconds spent waiting for gradients to be averaged
+  backward_work work;
+  double waited = 0;  // seconds spent waiting for gradients to be averaged
 
   trainer(const settings& options, comm_t& c, const dataset& data)
       : s(options), comm(c), train(data), model(options.seed) {
@@ -196,48 +139,12 @@ struct trainer {
   float step(std::span<const std::size_t> batch, dcomm::gradient_bucketer<Backend>* b) {
     if (comm.rank() == s.slow_rank)
       std::this_thread::sleep_for(std::chrono::milliseconds(s.slow_ms));
-    const std::size_t n = batch.size(), H = mlp::hidden, O = mlp::out;
-    hidden.resize(n * H);
-    logits.resize(n * O);
-    grad.zero();
-    float loss = 0;
-    std::vector<float> dz(n * O);
-    for (std::size_t i = 0; i < n; ++i) {
-      float* z = logits.data() + i * O;
-      model.forward(train.image(batch[i]), hidden.data() + i * H, z);
-      mlp::log_softmax(z);
-      const auto y = train.labels[batch[i]];
-      loss -= z[y];
-      // d(mean nll)/dz = (softmax - onehot) / n
-      for (std::size_t o = 0; o < O; ++o)
-        dz[i * O + o] = (std::exp(z[o]) - (o == y ? 1.0f : 0.0f)) / static_cast<float>(n);
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      const float* h = hidden.data() + i * H;
-      for (std::size_t j = 0; j < H; ++j)
-        for (std::size_t o = 0; o < O; ++o) grad.w2[j * O + o] += h[j] * dz[i * O + o];
-      for (std::size_t o = 0; o < O; ++o) grad.b2[o] += dz[i * O + o];
-    }
-    if (b) {
-      b->mark_ready(2);  // w2
-      b->mark_ready(3);  // b2
-    }
-    std::vector<float> dh(H);
-    for (std::size_t i = 0; i < n; ++i) {
-      const float* h = hidden.data() + i * H;
-      for (std::size_t j = 0; j < H; ++j) {
-        float acc = 0;
-        for (std::size_t o = 0; o < O; ++o) acc += dz[i * O + o] * model.w2[j * O + o];
-        dh[j] = h[j] > 0 ? acc : 0.0f;
+    const float loss = backward(model, train, batch, grad, work, [&] {
+      if (b) {
+        b->mark_ready(2);  // w2
+        b->mark_ready(3);  // b2
       }
-      auto x = train.image(batch[i]);
-      for (std::size_t k = 0; k < mlp::in; ++k) {
-        const float xk = x[k];
-        float* row = grad.w1.data() + k * H;
-        for (std::size_t j = 0; j < H; ++j) row[j] += xk * dh[j];
-      }
-      for (std::size_t j = 0; j < H; ++j) grad.b1[j] += dh[j];
-    }
+    });
     const auto wait_start = std::chrono::steady_clock::now();
     if (b) {
       b->mark_ready(0);
@@ -248,14 +155,8 @@ struct trainer {
     }
     waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     // SGD with momentum, as torch.optim.SGD: v = m v + g; p -= lr v.
-    auto params = model.parameters();
-    auto grads = grad.all();
-    for (std::size_t p = 0; p < params.size(); ++p)
-      for (std::size_t i = 0; i < params[p]->size(); ++i) {
-        velocity[p][i] = s.momentum * velocity[p][i] + (*grads[p])[i];
-        (*params[p])[i] -= s.lr * velocity[p][i];
-      }
-    return loss / static_cast<float>(n);
+    sgd_step(model, grad, velocity, s.lr, s.momentum);
+    return loss;
   }
 };
 
@@ -322,14 +223,8 @@ int run(const settings& s) {
   }
 
   // Each rank scores its shard of the test set; the counts are summed.
-  std::vector<std::int64_t> counts{0, 0};  // correct, seen
-  std::vector<float> h(mlp::hidden), z(mlp::out);
-  for (std::size_t i = static_cast<std::size_t>(rank); i < test.size();
-       i += static_cast<std::size_t>(world)) {
-    t.model.forward(test.image(i), h.data(), z.data());
-    counts[0] += std::max_element(z.begin(), z.end()) - z.begin() == test.labels[i];
-    counts[1] += 1;
-  }
+  auto counts = score(t.model, test, static_cast<std::size_t>(rank),
+                      static_cast<std::size_t>(world));  // correct, seen
   comm.all_reduce(counts, dcomm::sum, dcomm::blocking);
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
