@@ -44,6 +44,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <map>
@@ -132,6 +133,33 @@ template <class Backend>
 struct agent_state;
 class registry;
 
+// A value that agent::remote left on its owner (torch's RRef): to_here()
+// fetches a copy; the owner frees it once the last copy of the reference
+// is gone (a release message, sent without waiting). Copies share one
+// reference.
+template <class R, class Backend>
+class remote_ref {
+ public:
+  int owner() const { return held_->owner; }
+  std::uint64_t id() const { return held_->id; }
+  // The value, fetched from its owner (0: agent_options::timeout).
+  asio::awaitable<R> to_here(std::chrono::milliseconds timeout = {}) const;
+
+ private:
+  friend class agent<Backend>;
+  struct holder {  // one per reference, never copied: its end releases the value
+    holder(std::weak_ptr<agent_state<Backend>> s, int o, std::uint64_t i)
+        : state(std::move(s)), owner(o), id(i) {}
+    holder(const holder&) = delete;
+    holder& operator=(const holder&) = delete;
+    ~holder();
+    std::weak_ptr<agent_state<Backend>> state;
+    int owner;
+    std::uint64_t id;
+  };
+  std::shared_ptr<holder> held_;
+};
+
 // Starts the agent on every rank of comm (collective: each rank must call
 // it, with the functions it serves).
 template <class Backend>
@@ -189,6 +217,18 @@ class agent {
                                    call_limit(target));
   }
 
+  // Runs `name` on target.rank like call, but the result stays there: a
+  // reference to it (torch's rpc.remote), checked to be an R.
+  template <class R, class... Args>
+  asio::awaitable<remote_ref<R, Backend>> remote(to target, std::string_view name,
+                                                 const Args&... args) const {
+    return make_remote<R>(state_, group_, target, std::string(name),
+                          signature<wire_type<Args>...>(), pack(args...));
+  }
+  // How many values of remote calls this rank holds for others (on the
+  // communicator's executor).
+  std::size_t values_held() const;
+
   // Collective and graceful (see above). After it, calls fail with closed.
   template <completion_token_for Token = default_token_t>
   auto shutdown(Token&& token = {}) const {
@@ -203,6 +243,8 @@ class agent {
   template <class B>
   friend asio::awaitable<agent<B>> start(const communicator<B>& comm, registry functions,
                                          agent_options o);
+  template <class R2, class B2>
+  friend class remote_ref;
   agent(std::shared_ptr<agent_state<Backend>> s, std::shared_ptr<communicator_type> g)
       : state_(std::move(s)), group_(std::move(g)) {}
 
@@ -217,6 +259,10 @@ class agent {
   static asio::awaitable<R> typed_call(std::shared_ptr<agent_state<Backend>> s,
                                        std::shared_ptr<communicator_type> keep, to target,
                                        std::string name, std::string arguments, bytes args);
+  template <class R>
+  static asio::awaitable<remote_ref<R, Backend>> make_remote(
+      std::shared_ptr<agent_state<Backend>> s, std::shared_ptr<communicator_type> keep, to target,
+      std::string name, std::string arguments, bytes args);
   asio::any_io_executor executor() const;
   dcomm::detail::clock::duration call_limit(const to& target) const;
   dcomm::detail::clock::duration shutdown_limit() const;
@@ -229,4 +275,6 @@ class agent {
 
 }  // namespace dcomm::rpc
 
-#include "dcomm/rpc/impl/agent.hpp"
+// The protocol, then (from its end) the members: whichever of the three
+// headers comes first, each is read after what it needs.
+#include "dcomm/rpc/impl/protocol.hpp"

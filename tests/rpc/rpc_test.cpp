@@ -97,6 +97,11 @@ dcomm::rpc::registry functions(int rank, std::weak_ptr<std::optional<agent>> sel
     co_await sleep_for(std::chrono::milliseconds(ms));
     co_return ms;
   });
+  // How many remote values this rank holds for others.
+  f.add("held", [self]() -> std::uint64_t {
+    auto me = self.lock();
+    return me && *me ? (*me)->values_held() : 0;
+  });
   // Calls `to` back ("whoami" there) from inside a handler.
   f.add("ask", [self](std::int32_t to) -> asio::awaitable<std::int32_t> {
     auto me = self.lock();
@@ -148,6 +153,36 @@ TEST_SUITE("rpc") {
       auto f = rpc.call_async<int>(next, "add", 1, 1);
       while (f.wait_for(0s) != std::future_status::ready) co_await sleep_for(1ms);
       require(f.get() == 2, "call_async");
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("remote references: kept on the owner, fetched by to_here, freed with the last copy") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self);
+      if (r == 0) {
+        const std::string who = "ref";
+        {
+          auto ref = co_await rpc.remote<std::string>(1, "greet", who);
+          require(ref.owner() == 1, "the owner is the callee");
+          const auto copy = ref;
+          const auto a = co_await copy.to_here();
+          const auto b = co_await ref.to_here();
+          require(a == "hello ref from 1" && b == a, "to_here: " + a + ", then " + b);
+          require(co_await rpc.call<std::uint64_t>(1, "held") == 1, "one value on the owner");
+          auto mine = co_await rpc.remote<int>(0, "whoami");  // a reference to oneself
+          require(co_await mine.to_here() == 0 && rpc.values_held() == 1, "a reference to oneself");
+        }
+        // Every copy is gone: the releases went before the next call.
+        require(co_await rpc.call<std::uint64_t>(1, "held") == 0, "released on the owner");
+        require(rpc.values_held() == 0, "released here");
+        // The wrong type: refused, and the value released all the same.
+        auto [code, what] = co_await failure_of([&] { return rpc.remote<int>(1, "greet", who); });
+        require(code == errc::mismatch && contains(what, "returns str"), "remote<int>: " + what);
+        require(co_await rpc.call<std::uint64_t>(1, "held") == 0, "a refused reference released");
+      }
       co_await rpc.shutdown();
     });
   }
