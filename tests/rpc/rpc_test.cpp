@@ -115,6 +115,9 @@ asio::awaitable<agent> start(comm& c, std::shared_ptr<std::optional<agent>> self
                              dcomm::rpc::agent_options o = {}) {
   auto a = co_await dcomm::rpc::start(c, functions(c.rank(), self), o);
   *self = a;
+  // "ask" needs its rank's agent: no call before every rank has set it
+  // (start's own barrier comes before that).
+  co_await c.barrier();
   co_return a;
 }
 
