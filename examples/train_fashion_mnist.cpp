@@ -115,14 +115,12 @@ struct trainer {
   const dataset& train;
   mlp model;
   gradients grad;
-  std::vector<std::vector<float>> velocity;
+  std::vector<std::vector<float>> velocity;  // sgd_step's, made on its first step
   backward_work work;
   double waited = 0;  // seconds spent waiting for gradients to be averaged
 
   trainer(const settings& options, comm_t& c, const dataset& data)
-      : s(options), comm(c), train(data), model(options.seed) {
-    for (auto* p : model.parameters()) velocity.emplace_back(p->size(), 0.0f);
-  }
+      : s(options), comm(c), train(data), model(options.seed) {}
 
   // The tutorial's average_gradients: one all_reduce per parameter.
   void average_gradients() {

@@ -97,7 +97,7 @@ struct agent_state {
       if (p->peer == peer && !p->done) {
         p->failure = as_call_error(*p->name, peer, why);
         p->done = true;
-        p->wake->cancel();
+        if (p->wake) p->wake->cancel();
       }
     wake_shutdown();
   }
@@ -147,7 +147,7 @@ struct agent_state {
       p.reply = std::move(payload);
     }
     p.done = true;
-    p.wake->cancel();
+    if (p.wake) p.wake->cancel();  // a call to oneself waits on no timer
   }
 };
 
@@ -198,7 +198,7 @@ asio::awaitable<void> send_frame(std::shared_ptr<agent_state<Backend>> s, int pe
 // and bytes. Nothing the bytes say can take this rank down.
 template <class Backend>
 asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_state<Backend>> s,
-                                                       int caller, const bytes& payload) {
+                                                       const bytes& payload) {
   std::string name;
   errc code = errc::remote_error;
   std::string detail;
@@ -258,7 +258,6 @@ asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_sta
   } catch (...) {
     detail = "'" + name + "' threw on rank " + std::to_string(s->me) + " (not a std::exception)";
   }
-  (void)caller;
   co_return std::pair{wire::kind::failure, failure_bytes(code, detail)};
 }
 
@@ -267,7 +266,7 @@ asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_sta
 template <class Backend>
 asio::awaitable<void> handle(std::shared_ptr<agent_state<Backend>> s, int peer, std::uint64_t id,
                              bytes payload) {
-  auto [type, out] = co_await run_call(s, peer, payload);
+  auto [type, out] = co_await run_call(s, payload);
   try {
     co_await send_frame(s, peer, type, id, std::make_shared<const bytes>(std::move(out)),
                         s->o.timeout);
@@ -369,11 +368,9 @@ asio::awaitable<bytes> raw_call(std::shared_ptr<agent_state<Backend>> s, int dst
   if (dst == s->me) {  // no message: the handler runs here
     ++s->received;
     ++s->handlers;
-    auto [type, out] = co_await run_call(s, dst, *payload);
+    auto [type, out] = co_await run_call(s, *payload);
     --s->handlers;
     typename agent_state<Backend>::pending_call p{.peer = dst, .name = &name, .wake = nullptr};
-    asio::steady_timer unused(s->ex);
-    p.wake = &unused;
     s->calls.emplace(id, &p);
     s->complete(id, dst, type, std::move(out));
     s->calls.erase(id);
