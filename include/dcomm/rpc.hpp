@@ -58,6 +58,7 @@
 #include "dcomm/communicator.hpp"
 #include "dcomm/completion.hpp"
 #include "dcomm/rpc/codec.hpp"
+#include "dcomm/rpc/impl/frame.hpp"
 
 namespace dcomm::rpc {
 
@@ -122,7 +123,7 @@ struct tuple_signature<std::tuple<Ts...>> {
 struct function_entry {
   std::string arguments;
   std::string result;
-  std::function<asio::awaitable<bytes>(reader&)> run;
+  std::function<asio::awaitable<frame_out>(reader&)> run;
 };
 
 }  // namespace detail
@@ -196,38 +197,47 @@ class agent {
 
   // Calls `name` on target.rank with `args` and returns its result, of
   // type R (the callee's must be the same; void for none). The arguments
-  // are encoded at once: the awaitable owns their bytes.
+  // are taken at once (moved, or copied from an lvalue): the awaitable
+  // owns them. Tensors (a std::vector of a dtype, rpc/codec.hpp) are sent
+  // from there, never copied into the call's bytes; a std::span of a
+  // dtype is sent from the caller's memory, which must stay valid until
+  // the call completes.
   // (g++ 12: a temporary with a destructor inside a co_await expression
   // is destroyed twice; name such arguments, or make the awaitable first:
   // `auto op = rpc.call<R>(...); co_await std::move(op);`.)
   template <class R = void, class... Args>
-  asio::awaitable<R> call(to target, std::string_view name, const Args&... args) const {
-    return typed_call<R>(state_, group_, target, std::string(name), signature<wire_type<Args>...>(),
-                         pack(args...));
+  asio::awaitable<R> call(to target, std::string_view name, Args&&... args) const {
+    return typed_call<R>(state_, group_, target, std::string(name),
+                         pack(name, std::forward<Args>(args)...));
   }
   // The same, started at once; the future holds the result.
   template <class R = void, class... Args>
-  std::future<R> call_async(to target, std::string_view name, const Args&... args) const {
-    return asio::co_spawn(executor(), call<R>(target, name, args...), asio::use_future);
+  std::future<R> call_async(to target, std::string_view name, Args&&... args) const {
+    return asio::co_spawn(executor(), call<R>(target, name, std::forward<Args>(args)...),
+                          asio::use_future);
   }
   // The same, blocking (never on the communicator's own thread).
   template <class R = void, class... Args>
-  R call_sync(to target, std::string_view name, const Args&... args) const {
-    return dcomm::detail::initiate(executor(), call<R>(target, name, args...), blocking, "rpc.call",
-                                   call_limit(target));
+  R call_sync(to target, std::string_view name, Args&&... args) const {
+    return dcomm::detail::initiate(executor(), call<R>(target, name, std::forward<Args>(args)...),
+                                   blocking, "rpc.call", call_limit(target));
   }
 
   // Runs `name` on target.rank like call, but the result stays there: a
   // reference to it (torch's rpc.remote), checked to be an R.
   template <class R, class... Args>
   asio::awaitable<remote_ref<R, Backend>> remote(to target, std::string_view name,
-                                                 const Args&... args) const {
-    return make_remote<R>(state_, group_, target, std::string(name),
-                          signature<wire_type<Args>...>(), pack(args...));
-  }
+                                                 Args&&... args) const;
   // How many values of remote calls this rank holds for others (on the
   // communicator's executor).
   std::size_t values_held() const;
+  // What this rank's agent sent so far (on the communicator's executor):
+  // bytes of payloads (names, signatures, small values), and of tensors.
+  struct traffic_counts {
+    std::uint64_t payload_bytes = 0;
+    std::uint64_t tensor_bytes = 0;
+  };
+  traffic_counts traffic() const;
 
   // Collective and graceful (see above). After it, calls fail with closed.
   template <completion_token_for Token = default_token_t>
@@ -248,21 +258,28 @@ class agent {
   agent(std::shared_ptr<agent_state<Backend>> s, std::shared_ptr<communicator_type> g)
       : state_(std::move(s)), group_(std::move(g)) {}
 
+  // A call's frame: the name it travels under, the arguments' signature,
+  // the arguments (held by the frame: its tensors point into them).
   template <class... Args>
-  static bytes pack(const Args&... args) {
-    bytes b;
-    writer w(b);
-    (w(static_cast<const wire_type<Args>&>(args)), ...);
-    return b;
+  static std::shared_ptr<const detail::frame_out> pack(std::string_view wire_name, Args&&... args) {
+    auto held = std::make_shared<const std::tuple<wire_type<Args>...>>(std::forward<Args>(args)...);
+    return std::make_shared<const detail::frame_out>(detail::make_frame(
+        [&](writer& w) {
+          w(std::string(wire_name));
+          w(signature<wire_type<Args>...>());
+          std::apply([&](const auto&... a) { (w(a), ...); }, *held);
+        },
+        held));
   }
   template <class R>
   static asio::awaitable<R> typed_call(std::shared_ptr<agent_state<Backend>> s,
                                        std::shared_ptr<communicator_type> keep, to target,
-                                       std::string name, std::string arguments, bytes args);
+                                       std::string name,
+                                       std::shared_ptr<const detail::frame_out> call);
   template <class R>
   static asio::awaitable<remote_ref<R, Backend>> make_remote(
       std::shared_ptr<agent_state<Backend>> s, std::shared_ptr<communicator_type> keep, to target,
-      std::string name, std::string arguments, bytes args);
+      std::string name, std::shared_ptr<const detail::frame_out> call);
   asio::any_io_executor executor() const;
   dcomm::detail::clock::duration call_limit(const to& target) const;
   dcomm::detail::clock::duration shutdown_limit() const;

@@ -8,9 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <dcomm/rpc.hpp>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -39,6 +41,11 @@ struct point {  // a user type with a codec of its own
   std::string label;
 };
 
+// Claims to be a vec<f32> but sends a tensor of doubles beside the payload.
+struct fake_floats {
+  std::vector<double> v = std::vector<double>(1024, 1.0);
+};
+
 }  // namespace
 
 template <>
@@ -61,6 +68,19 @@ struct dcomm::rpc::codec<liar> {
   static void read(reader& r, liar& l) { r(l.v); }
 };
 
+template <>
+struct dcomm::rpc::codec<fake_floats> {
+  static std::string name() { return "vec<f32>"; }
+  static void write(writer& w, const fake_floats& f) {
+    const std::uint64_t n = f.v.size();
+    const std::uint8_t attached = 1;
+    w.raw(&n, sizeof n);
+    w.raw(&attached, 1);
+    if (!w.attach(f.v.data(), f.v.size())) throw std::logic_error("fake_floats: not attached");
+  }
+  static void read(reader&, fake_floats&) {}
+};
+
 namespace {
 
 asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
@@ -81,6 +101,16 @@ dcomm::rpc::registry functions(int rank, std::weak_ptr<std::optional<agent>> sel
         [rank](std::string name) { return "hello " + name + " from " + std::to_string(rank); });
   f.add("sum", [](std::vector<float> v) { return std::accumulate(v.begin(), v.end(), 0.0); });
   f.add("echo", [](std::vector<float> v) { return v; });
+  f.add("scale", [](std::vector<double> v, double by) {
+    for (auto& x : v) x *= by;
+    return v;
+  });
+  f.add("join", [](std::vector<std::int32_t> a, std::vector<std::int32_t> b,
+                   std::vector<dcomm::bfloat16> c, std::vector<std::int16_t> d) {
+    a.insert(a.end(), b.begin(), b.end());
+    return std::tuple{a, c, d};
+  });
+  f.add("zeros", [](std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n)); });
   f.add("nothing", []() {});
   f.add("mixed", [](std::tuple<std::int64_t, std::string> t, std::optional<double> o,
                     std::vector<std::string> words) {
@@ -255,6 +285,118 @@ TEST_SUITE("rpc") {
         require(back == big, "echo of 16 MiB");
       }
       co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("tensors travel beside the payload, never copied into it") {
+    DCOMM_TEST_DEADLINE(120s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self, {.max_message_bytes = 8 << 20});
+      if (r == 0) {
+        constexpr std::size_t mib = 1 << 20;
+        std::vector<float> big(mib);  // 4 MiB
+        for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
+        auto before = rpc.traffic();
+        auto back = co_await rpc.call<std::vector<float>>(1, "echo", big);
+        auto after = rpc.traffic();
+        require(back == big, "echo of 4 MiB");
+        require(after.tensor_bytes - before.tensor_bytes == 4 * mib,
+                "the vector went as a tensor: " +
+                    std::to_string(after.tensor_bytes - before.tensor_bytes) + " bytes");
+        require(after.payload_bytes - before.payload_bytes < 100,
+                "the payload holds only the name and signature: " +
+                    std::to_string(after.payload_bytes - before.payload_bytes) + " bytes");
+        // A span is sent from the caller's memory; the callee takes a vector.
+        const std::span<const float> view(big.data() + 1, 3000);
+        double expected = 0;
+        for (float x : view) expected += x;
+        require(co_await rpc.call<double>(1, "sum", view) == expected, "a span argument");
+        // Moved in: the call owns the vector; several tensors and small
+        // arrays in one call; bf16; a type that is no dtype goes inline.
+        std::vector<double> d(5000, 1.5);
+        require(co_await rpc.call<std::vector<double>>(1, "scale", std::move(d), 2.0) ==
+                    std::vector<double>(5000, 3.0),
+                "scale");
+        std::vector<std::int32_t> a(3000, 7), b{1, 2, 3};
+        std::vector<dcomm::bfloat16> h(4000, dcomm::bfloat16(0.5f));
+        std::vector<std::int16_t> s(5000, -2);
+        using joined = std::tuple<std::vector<std::int32_t>, std::vector<dcomm::bfloat16>,
+                                  std::vector<std::int16_t>>;
+        before = rpc.traffic();
+        const auto j = co_await rpc.call<joined>(1, "join", a, b, h, s);
+        after = rpc.traffic();
+        require(std::get<0>(j).size() == 3003 && std::get<0>(j)[3000] == 1 &&
+                    std::get<0>(j)[2999] == 7 && std::get<1>(j) == h && std::get<2>(j) == s,
+                "join");
+        require(after.tensor_bytes - before.tensor_bytes == 3000 * 4 + 4000 * 2,
+                "two tensors, the small array and the int16 ones inline");
+        std::vector<float> none;
+        require((co_await rpc.call<std::vector<float>>(1, "echo", none)).empty(), "0 elements");
+        // A call to oneself copies the tensors (the caller keeps its own).
+        auto mine = co_await rpc.call<std::vector<float>>(0, "echo", big);
+        require(mine == big, "a call to oneself");
+        // A reference to a tensor, fetched twice.
+        {
+          auto ref = co_await rpc.remote<std::vector<float>>(1, "echo", big);
+          auto x = co_await ref.to_here();
+          auto y = co_await ref.to_here();
+          require(x == big && y == big, "to_here of a tensor");
+        }
+        // The tensors count towards max_message_bytes, both ways.
+        std::vector<float> huge(3 * mib);  // 12 MiB
+        auto [code, what] =
+            co_await failure_of([&] { return rpc.call<std::vector<float>>(1, "echo", huge); });
+        require(code == errc::invalid_argument && contains(what, "max_message_bytes"),
+                "a call over the limit: " + what);
+        std::int64_t count = 3 * mib;
+        std::tie(code, what) =
+            co_await failure_of([&] { return rpc.call<std::vector<float>>(1, "zeros", count); });
+        require(code == errc::invalid_argument && contains(what, "the reply's") &&
+                    contains(what, "rank 1"),
+                "a reply over the limit: " + what);
+        // A tensor of another dtype than the signature says.
+        std::tie(code, what) =
+            co_await failure_of([&] { return rpc.call<double>(1, "sum", fake_floats{}); });
+        require(code == errc::protocol_error && contains(what, "1024 float64"),
+                "a tensor of the wrong dtype: " + what);
+        require(co_await rpc.call<double>(1, "sum", view) == expected, "served on");
+      }
+      co_await rpc.shutdown();
+    });
+  }
+
+  TEST_CASE("forged frames from a peer end that peer's stream only; the callee serves on") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(4, [](comm& c, int r) -> asio::awaitable<void> {
+      auto self = std::make_shared<std::optional<agent>>();
+      auto rpc = co_await start(c, self, {.shutdown_timeout = 10s});
+      namespace wire = dcomm::rpc::wire;
+      if (r == 0) {  // a header that is not the agent's
+        std::vector<std::uint8_t> junk(sizeof(wire::header), 0xab);
+        co_await rpc.group().send(junk, 1, wire::tag);
+      } else if (r == 2) {  // a call whose tensor table lists a dtype that does not exist
+        wire::header h{.magic = wire::magic, .type = wire::kind::call, .id = 1, .bytes = 20};
+        std::vector<std::uint8_t> head(sizeof h), table(20, 0);
+        std::memcpy(head.data(), &h, sizeof h);
+        table[0] = 99;  // dtype
+        table[8] = 1;   // count
+        table[16] = 1;  // one tensor
+        co_await rpc.group().send(head, 1, wire::tag);
+        co_await rpc.group().send(table, 1, wire::tag);
+      }
+      co_await c.barrier();
+      if (r == 1) {
+        for (int from : {0, 2}) {
+          auto [code, what] = co_await failure_of([&] { return rpc.call<int>(from, "whoami"); });
+          require(code == errc::protocol_error && contains(what, "rank " + std::to_string(from)),
+                  "rank " + std::to_string(from) + "'s stream: " + what);
+        }
+        require(co_await rpc.call<int>(3, "whoami") == 3, "rank 3 still answers");
+      }
+      if (r == 3) require(co_await rpc.call<int>(1, "add", 40, 2) == 42, "rank 1 still serves");
+      co_await c.barrier();
+      co_await rpc.shutdown();  // in time: rank 1 says goodbye to every rank
     });
   }
 

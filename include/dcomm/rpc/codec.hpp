@@ -14,6 +14,13 @@
 //     static void read(dcomm::rpc::reader& r, point& p) { r(p.x); r(p.label); }
 //   };
 //
+// Tensors: a std::vector (or, to send, a std::span) of a dcomm dtype of at
+// least attach_bytes travels beside the payload, as a message of its own
+// sent from where its elements are and received straight into the
+// callee's (or caller's) std::vector: never copied into or out of the
+// payload. So a codec writes the members of the value it is given (a
+// temporary it makes is written into the payload instead).
+//
 // A reader never reads past its bytes and checks every length before it
 // allocates: bytes that do not parse throw payload_error, which the agent
 // turns into an error for the caller (the callee goes on).
@@ -22,7 +29,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -30,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcomm/dtype.hpp"
 #include "dcomm/half.hpp"
 
 namespace dcomm::rpc {
@@ -47,10 +57,32 @@ struct payload_error : std::runtime_error {
 template <class T, class Enable = void>
 struct codec;
 
-// Appends values to a byte buffer.
+// Arrays of at least this many bytes of a dcomm dtype travel as tensors
+// (above); smaller ones inside the payload, where they cost no message.
+inline constexpr std::size_t attach_bytes = 4096;
+
+// A tensor to send: where its elements are (they must stay there until
+// the frame is sent: the agent holds the values it writes).
+struct tensor_out {
+  dtype type;
+  std::uint64_t count;
+  const void* data;
+};
+
+// A tensor received: a std::vector of its dtype, which the reader hands
+// over to the value it reads (moved, not copied).
+struct tensor_in {
+  dtype type;
+  std::uint64_t count;
+  std::shared_ptr<void> vector;  // std::vector<T> for T of `type`
+  void* data;
+};
+
+// Appends values to a byte buffer, and tensors to a list when given one.
 class writer {
  public:
-  explicit writer(bytes& out) : out_(out) {}
+  explicit writer(bytes& out, std::vector<tensor_out>* tensors = nullptr)
+      : out_(out), tensors_(tensors) {}
   void raw(const void* p, std::size_t n) {
     if (n == 0) return;
     const auto* b = static_cast<const std::uint8_t*>(p);
@@ -60,18 +92,38 @@ class writer {
   void operator()(const T& v) {
     codec<std::remove_cv_t<T>>::write(*this, v);
   }
+  // A temporary is gone before the frame is sent: its tensors go inline.
+  template <class T>
+  requires(!std::is_lvalue_reference_v<T>) void operator()(T&& v) {
+    auto* tensors = std::exchange(tensors_, nullptr);
+    codec<std::remove_cv_t<T>>::write(*this, v);
+    tensors_ = tensors;
+  }
+  // Whether n elements of T go as a tensor; if so, it is added.
+  template <element_type T>
+  bool attach(const T* data, std::size_t n) {
+    if (!tensors_ || n * sizeof(T) < attach_bytes) return false;
+    tensors_->push_back({dtype_of_v<T>, n, data});
+    return true;
+  }
 
  private:
   bytes& out_;
+  std::vector<tensor_out>* tensors_;
 };
 
-// Reads values from bytes it does not own, checking every length.
+// Reads values from bytes it does not own, checking every length, and
+// takes the tensors that came with them in order.
 class reader {
  public:
-  reader(const std::uint8_t* p, std::size_t n) : p_(p), end_(p + n) {}
-  explicit reader(const bytes& b) : reader(b.data(), b.size()) {}
+  reader(const std::uint8_t* p, std::size_t n, std::vector<tensor_in>* tensors = nullptr)
+      : p_(p), end_(p + n), tensors_(tensors) {}
+  explicit reader(const bytes& b, std::vector<tensor_in>* tensors = nullptr)
+      : reader(b.data(), b.size(), tensors) {}
 
   std::size_t left() const { return static_cast<std::size_t>(end_ - p_); }
+  // Tensors not read yet.
+  std::size_t tensors_left() const { return tensors_ ? tensors_->size() - next_tensor_ : 0; }
   void raw(void* out, std::size_t n) {
     if (n > left())
       throw payload_error("the payload ends " + std::to_string(n - left()) + " bytes early");
@@ -90,6 +142,17 @@ class reader {
       throw payload_error("a length of " + std::to_string(n) + " empty elements");
     return static_cast<std::size_t>(n);
   }
+  // The next tensor, which must hold n elements of T.
+  template <element_type T>
+  std::vector<T>& tensor(std::uint64_t n) {
+    if (!tensors_left()) throw payload_error("a tensor is missing");
+    tensor_in& t = (*tensors_)[next_tensor_++];
+    if (t.type != dtype_of_v<T> || t.count != n)
+      throw payload_error("a tensor of " + std::to_string(t.count) + " " +
+                          std::string(dcomm::name(t.type)) + " where " + std::to_string(n) + " " +
+                          std::string(dcomm::name(dtype_of_v<T>)) + " were expected");
+    return *static_cast<std::vector<T>*>(t.vector.get());
+  }
   template <class T>
   void operator()(T& v) {
     codec<std::remove_cv_t<T>>::read(*this, v);
@@ -104,6 +167,8 @@ class reader {
  private:
   const std::uint8_t* p_;
   const std::uint8_t* end_;
+  std::vector<tensor_in>* tensors_;
+  std::size_t next_tensor_ = 0;
 };
 
 namespace codec_detail {
@@ -137,6 +202,8 @@ template <class A, class B>
 struct is_composite<std::pair<A, B>> : std::true_type {};
 template <class... Ts>
 struct is_composite<std::tuple<Ts...>> : std::true_type {};
+template <class T, std::size_t E>  // a pointer and a size: never its bytes
+struct is_composite<std::span<T, E>> : std::true_type {};
 
 // Copied as its bytes: scalars, enums and trivially copyable structs.
 template <class T>
@@ -174,19 +241,55 @@ struct codec<std::string> {
   }
 };
 
+namespace codec_detail {
+// An array of a dtype: its count, then 1 and a tensor beside the payload,
+// or 0 and its elements.
+template <class T>
+void write_array(writer& w, const T* data, std::size_t n) {
+  const std::uint64_t count = n;
+  w.raw(&count, sizeof count);
+  const std::uint8_t attached = w.attach(data, n) ? 1 : 0;
+  w.raw(&attached, 1);
+  if (!attached) w.raw(data, n * sizeof(T));
+}
+}  // namespace codec_detail
+
 template <class T, class A>
 struct codec<std::vector<T, A>> {
   static std::string name() { return "vec<" + codec<T>::name() + ">"; }
   static void write(writer& w, const std::vector<T, A>& v) {
-    const std::uint64_t n = v.size();
-    w.raw(&n, sizeof n);
-    if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>)
-      w.raw(v.data(), v.size() * sizeof(T));
-    else
-      for (const auto& x : v) w(x);
+    if constexpr (element_type<T>) {
+      codec_detail::write_array(w, v.data(), v.size());
+    } else {
+      const std::uint64_t n = v.size();
+      w.raw(&n, sizeof n);
+      if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>)
+        w.raw(v.data(), v.size() * sizeof(T));
+      else
+        for (const auto& x : v) w(x);
+    }
   }
   static void read(reader& r, std::vector<T, A>& v) {
-    if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>) {
+    if constexpr (element_type<T>) {
+      std::uint64_t n = 0;
+      r.raw(&n, sizeof n);
+      std::uint8_t attached = 0;
+      r.raw(&attached, 1);
+      if (attached > 1) throw payload_error("an array's form is " + std::to_string(attached));
+      if (attached) {
+        auto& t = r.tensor<T>(n);
+        if constexpr (std::is_same_v<A, std::allocator<T>>)
+          v = std::move(t);
+        else
+          v.assign(t.begin(), t.end());
+        return;
+      }
+      if (n > r.left() / sizeof(T))
+        throw payload_error("a length of " + std::to_string(n) + " does not fit in the " +
+                            std::to_string(r.left()) + " bytes left");
+      v.resize(static_cast<std::size_t>(n));
+      r.raw(v.data(), v.size() * sizeof(T));
+    } else if constexpr (codec_detail::is_plain_v<T> && !std::is_same_v<T, bool>) {
       v.resize(r.count(sizeof(T)));
       r.raw(v.data(), v.size() * sizeof(T));
     } else {
@@ -200,6 +303,17 @@ struct codec<std::vector<T, A>> {
         v.push_back(std::move(x));
       }
     }
+  }
+};
+
+// A span of a dtype is sent as the std::vector it is received as, from
+// where its elements are (the caller keeps them there until the call
+// completes). A handler takes the std::vector: a span has no read.
+template <element_type T>
+struct codec<std::span<const T>> {
+  static std::string name() { return codec<std::vector<T>>::name(); }
+  static void write(writer& w, std::span<const T> v) {
+    codec_detail::write_array(w, v.data(), v.size());
   }
 };
 
@@ -257,12 +371,28 @@ struct codec<std::pair<A, B>> {
   }
 };
 
-// What an argument travels as: character strings as std::string, the
-// rest as themselves.
+// What an argument travels as: character strings as std::string, spans
+// of a dtype as spans of const elements, the rest as themselves.
+namespace codec_detail {
 template <class T>
-using wire_type = std::conditional_t<std::is_same_v<std::decay_t<T>, const char*> ||
-                                         std::is_same_v<std::decay_t<T>, char*>,
-                                     std::string, std::remove_cvref_t<T>>;
+struct wire_type {
+  using type = T;
+};
+template <>
+struct wire_type<const char*> {
+  using type = std::string;
+};
+template <>
+struct wire_type<char*> {
+  using type = std::string;
+};
+template <class T, std::size_t E>
+struct wire_type<std::span<T, E>> {
+  using type = std::span<const T>;
+};
+}  // namespace codec_detail
+template <class T>
+using wire_type = typename codec_detail::wire_type<std::decay_t<T>>::type;
 
 // The name a call's result travels under ("void" for none).
 template <class T>

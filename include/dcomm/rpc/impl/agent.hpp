@@ -24,25 +24,33 @@ registry& registry::add(std::string name, F f) {
   detail::function_entry e;
   e.arguments = detail::tuple_signature<arguments>::get();
   e.result = result_name<result>();
-  e.run = [f = std::move(f), result_sig = e.result](reader& r) mutable -> asio::awaitable<bytes> {
+  e.run = [f = std::move(f),
+           result_sig = e.result](reader& r) mutable -> asio::awaitable<detail::frame_out> {
     arguments args;
     r(args);
     if (r.left()) throw payload_error(std::to_string(r.left()) + " bytes follow the arguments");
-    bytes out;
-    writer w(out);
-    w(result_sig);
+    if (r.tensors_left())
+      throw payload_error(std::to_string(r.tensors_left()) + " tensors follow the arguments");
     if constexpr (std::is_void_v<result>) {
       if constexpr (std::is_same_v<returned, result>)
         std::apply(f, std::move(args));
       else
         co_await std::apply(f, std::move(args));
+      co_return detail::make_frame([&](writer& w) { w(result_sig); });
     } else {
+      // The result lives in the reply: its tensors are sent from it.
+      std::shared_ptr<const result> value;
       if constexpr (std::is_same_v<returned, result>)
-        w(std::apply(f, std::move(args)));
+        value = std::make_shared<const result>(std::apply(f, std::move(args)));
       else
-        w(co_await std::apply(f, std::move(args)));
+        value = std::make_shared<const result>(co_await std::apply(f, std::move(args)));
+      co_return detail::make_frame(
+          [&](writer& w) {
+            w(result_sig);
+            w(*value);
+          },
+          value);
     }
-    co_return out;
   };
   functions_[std::move(name)] = std::move(e);
   return *this;
@@ -55,6 +63,10 @@ int agent<Backend>::rank() const {
 template <class Backend>
 int agent<Backend>::size() const {
   return state_->n;
+}
+template <class Backend>
+typename agent<Backend>::traffic_counts agent<Backend>::traffic() const {
+  return {state_->payload_bytes, state_->tensor_bytes};
 }
 template <class Backend>
 asio::any_io_executor agent<Backend>::executor() const {
@@ -75,18 +87,17 @@ template <class Backend>
 template <class R>
 asio::awaitable<R> agent<Backend>::typed_call(std::shared_ptr<agent_state<Backend>> s,
                                               std::shared_ptr<communicator_type> keep, to target,
-                                              std::string name, std::string arguments, bytes args) {
+                                              std::string name,
+                                              std::shared_ptr<const detail::frame_out> call) {
   const std::string what = s->call_name(name);
   const auto timeout = target.timeout.count() > 0 ? target.timeout : s->o.timeout;
-  bytes reply =
-      co_await asio::co_spawn(s->ex,
-                              detail::raw_call<Backend>(s, target.rank, timeout, name,
-                                                        std::move(arguments), std::move(args)),
-                              asio::use_awaitable);
+  detail::frame_in reply = co_await asio::co_spawn(
+      s->ex, detail::raw_call<Backend>(s, target.rank, timeout, name, std::move(call)),
+      asio::use_awaitable);
   keep.reset();
   std::string fault;
   try {
-    reader r(reply);
+    reader r(reply.body, &reply.tensors);
     const auto returned = r.read<std::string>();
     if (returned != result_name<R>())
       throw_error(errc::mismatch, {.operation = what,
@@ -95,12 +106,13 @@ asio::awaitable<R> agent<Backend>::typed_call(std::shared_ptr<agent_state<Backen
                                    .detail = "'" + name + "' returns " + returned +
                                              "; the call expects " + result_name<R>()});
     if constexpr (std::is_void_v<R>) {
-      if (r.left() == 0) co_return;
+      if (r.left() == 0 && r.tensors_left() == 0) co_return;
     } else {
       R value = r.read<R>();
-      if (r.left() == 0) co_return value;
+      if (r.left() == 0 && r.tensors_left() == 0) co_return value;
     }
-    fault = std::to_string(r.left()) + " bytes follow the result";
+    fault = std::to_string(r.left()) + " bytes and " + std::to_string(r.tensors_left()) +
+            " tensors follow the result";
   } catch (const payload_error& e) {
     fault = e.what();
   }
@@ -116,13 +128,21 @@ std::size_t agent<Backend>::values_held() const {
 }
 
 template <class Backend>
+template <class R, class... Args>
+asio::awaitable<remote_ref<R, Backend>> agent<Backend>::remote(to target, std::string_view name,
+                                                               Args&&... args) const {
+  return make_remote<R>(
+      state_, group_, target, std::string(name),
+      pack(std::string(wire::remote_prefix) + std::string(name), std::forward<Args>(args)...));
+}
+
+template <class Backend>
 template <class R>
 asio::awaitable<remote_ref<R, Backend>> agent<Backend>::make_remote(
     std::shared_ptr<agent_state<Backend>> s, std::shared_ptr<communicator_type> keep, to target,
-    std::string name, std::string arguments, bytes args) {
+    std::string name, std::shared_ptr<const detail::frame_out> call) {
   auto [id, returns] = co_await typed_call<std::tuple<std::uint64_t, std::string>>(
-      s, std::move(keep), target, std::string(wire::remote_prefix) + name, std::move(arguments),
-      std::move(args));
+      s, std::move(keep), target, std::string(wire::remote_prefix) + name, std::move(call));
   remote_ref<R, Backend> ref;  // released on the owner if the type is wrong
   ref.held_ = std::make_shared<typename remote_ref<R, Backend>::holder>(s, target.rank, id);
   if (returns != result_name<R>())
@@ -141,26 +161,20 @@ asio::awaitable<R> remote_ref<R, Backend>::to_here(std::chrono::milliseconds tim
   if (!s)
     throw_error(errc::closed,
                 {.operation = "rpc.remote_ref.to_here", .detail = "the agent is gone"});
-  bytes args;
-  writer w(args);
-  w(held->id);
   co_return co_await agent<Backend>::template typed_call<R>(
-      s, s->group.lock(), to{held->owner, timeout}, wire::fetch, signature<std::uint64_t>(),
-      std::move(args));
+      s, s->group.lock(), to{held->owner, timeout}, wire::fetch,
+      agent<Backend>::pack(wire::fetch, held->id));
 }
 
 template <class R, class Backend>
 remote_ref<R, Backend>::holder::~holder() {
   auto s = state.lock();
   if (!s) return;
-  bytes args;
-  writer w(args);
-  w(id);
   // Not awaited: a release that fails (the owner or the agent is gone)
   // has nothing left to free.
   asio::co_spawn(s->ex,
                  detail::raw_call<Backend>(s, owner, s->o.timeout, wire::release,
-                                           signature<std::uint64_t>(), std::move(args)),
+                                           agent<Backend>::pack(wire::release, id)),
                  asio::detached);
 }
 
@@ -199,13 +213,25 @@ asio::awaitable<void> agent<Backend>::shutdown_op(std::shared_ptr<agent_state<Ba
     co_await g->all_reduce(counts, dcomm::sum,
                            op_options{.timeout = std::max(left(), std::chrono::milliseconds(1))});
     if (counts[0] == counts[1] && counts[2] == 0 && counts == before) break;
+    if (counts == before) {  // a call still on its way: give it time to land
+      wake.expires_after(std::min(left(), std::chrono::milliseconds(1)));
+      asio::error_code ec;
+      co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
     before = counts;
   }
   s->closed = true;
-  for (int p = 0; p < s->n; ++p)
-    if (p != s->me && !s->gone[static_cast<std::size_t>(p)])
+  // A goodbye to every peer, even one whose goodbye came first (it waits
+  // for ours) or whose stream to us broke (its reading of ours did not);
+  // one that cannot be sent goes to a peer that is gone.
+  for (int p = 0; p < s->n; ++p) {
+    if (p == s->me) continue;
+    try {
       co_await detail::send_frame<Backend>(s, p, wire::kind::bye, 0, nullptr,
                                            std::max(left(), std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+    }
+  }
   for (;;) {
     std::string waiting;
     for (int p = 0; p < s->n; ++p)

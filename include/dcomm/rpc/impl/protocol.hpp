@@ -5,8 +5,9 @@
 // Wire: on the agent's own group, every message between two ranks uses one
 // tag, so they arrive in the order they were sent. A frame is a 24-byte
 // header {magic, kind, id, bytes} and, when bytes > 0, a second message of
-// that many bytes, sent right after it (both started before either is
-// awaited, on the backend's strand: no other frame can come between).
+// that many bytes (the payload, rpc/impl/frame.hpp), then one message per
+// tensor the payload's table lists: all started before any is awaited, on
+// the backend's strand, so no other frame can come between.
 //   call     name, argument signature, arguments     (id: the caller's)
 //   reply    result name, result
 //   failure  errc, the callee's message
@@ -34,6 +35,7 @@
 
 #include "dcomm/detail/log.hpp"
 #include "dcomm/rpc.hpp"
+#include "dcomm/rpc/impl/frame.hpp"
 
 namespace dcomm::rpc {
 
@@ -63,7 +65,7 @@ struct agent_state {
     const std::string* name;
     asio::steady_timer* wake;
     bool done = false;
-    bytes reply{};
+    detail::frame_in reply{};
     std::exception_ptr failure{};
   };
 
@@ -78,8 +80,9 @@ struct agent_state {
   std::vector<bool> said_bye;
   int handlers = 0;                        // calls being handled here
   std::uint64_t issued = 0, received = 0;  // calls sent, calls that arrived
-  // Results kept for remote references (agent::remote): the reply's bytes.
-  std::unordered_map<std::uint64_t, bytes> values;
+  // Results kept for remote references (agent::remote): their replies.
+  std::unordered_map<std::uint64_t, detail::frame_out> values;
+  std::uint64_t payload_bytes = 0, tensor_bytes = 0;  // sent (payloads, tensors)
   std::uint64_t next_value = 1;
   bool closed = false;
   asio::steady_timer* shutdown_wake = nullptr;
@@ -124,7 +127,7 @@ struct agent_state {
   }
 
   // A reply or failure for call `id` from `peer`.
-  void complete(std::uint64_t id, int peer, wire::kind type, bytes payload) {
+  void complete(std::uint64_t id, int peer, wire::kind type, detail::frame_in payload) {
     auto it = calls.find(id);
     if (it == calls.end() || it->second->peer != peer) return;  // it timed out meanwhile
     auto& p = *it->second;
@@ -132,7 +135,7 @@ struct agent_state {
       std::uint32_t code = static_cast<std::uint32_t>(errc::protocol_error);
       std::string detail;
       try {
-        reader r(payload);
+        reader r(payload.body);
         r(code);
         r(detail);
       } catch (const payload_error& e) {
@@ -153,40 +156,19 @@ struct agent_state {
 
 namespace detail {
 
-inline bytes failure_bytes(errc code, const std::string& detail) {
-  bytes b;
-  writer w(b);
-  w(static_cast<std::uint32_t>(code));
-  w(detail);
-  return b;
+inline frame_out failure_frame(errc code, const std::string& detail) {
+  return make_frame([&](writer& w) {
+    w(static_cast<std::uint32_t>(code));
+    w(detail);
+  });
 }
 
-// Sends a frame to `peer`: the header, then the payload, both started
-// before either is awaited. Both buffers live until both sends are done.
-template <class Backend>
-asio::awaitable<void> send_frame(std::shared_ptr<agent_state<Backend>> s, int peer, wire::kind type,
-                                 std::uint64_t id, std::shared_ptr<const bytes> payload,
-                                 std::chrono::milliseconds timeout) {
-  auto h = std::make_shared<wire::header>();
-  h->type = type;
-  h->id = id;
-  h->bytes = payload ? payload->size() : 0;
-  request head, body;
-  {
-    auto g = s->group.lock();
-    if (!g)
-      throw_error(errc::closed, {.operation = "rpc", .rank = s->me, .detail = "the agent is gone"});
-    const op_options o{.timeout = timeout};
-    head = g->isend(
-        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(h.get()), sizeof *h),
-        peer, wire::tag, o);
-    if (h->bytes) body = g->isend(*payload, peer, wire::tag, o);
-  }
+// Waits for every request, then throws the first failure.
+inline asio::awaitable<void> wait_all(std::vector<request>& requests) {
   std::exception_ptr failure;
-  for (request* r : {&head, &body}) {
-    if (!r->valid()) continue;
+  for (auto& r : requests) {
     try {
-      co_await r->async_wait();
+      co_await r.async_wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -194,16 +176,51 @@ asio::awaitable<void> send_frame(std::shared_ptr<agent_state<Backend>> s, int pe
   if (failure) std::rethrow_exception(failure);
 }
 
+inline std::span<const std::uint8_t> bytes_of(const tensor_out& t) {
+  return {static_cast<const std::uint8_t*>(t.data),
+          static_cast<std::size_t>(t.count * size_of(t.type))};
+}
+
+// Sends a frame to `peer`: the header, the payload and the tensors, all
+// started before any is awaited. The frame lives until every send is done.
+template <class Backend>
+asio::awaitable<void> send_frame(std::shared_ptr<agent_state<Backend>> s, int peer, wire::kind type,
+                                 std::uint64_t id, std::shared_ptr<const frame_out> frame,
+                                 std::chrono::milliseconds timeout) {
+  auto h = std::make_shared<wire::header>();
+  h->type = type;
+  h->id = id;
+  h->bytes = frame ? frame->payload.size() : 0;
+  std::vector<request> sends;
+  {
+    auto g = s->group.lock();
+    if (!g)
+      throw_error(errc::closed, {.operation = "rpc", .rank = s->me, .detail = "the agent is gone"});
+    const op_options o{.timeout = timeout};
+    sends.push_back(g->isend(
+        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(h.get()), sizeof *h),
+        peer, wire::tag, o));
+    if (h->bytes) {
+      sends.push_back(g->isend(frame->payload, peer, wire::tag, o));
+      for (const auto& t : frame->tensors)
+        sends.push_back(g->isend(bytes_of(t), peer, wire::tag, o));
+      s->payload_bytes += frame->payload.size();
+      s->tensor_bytes += frame->tensor_bytes();
+    }
+  }
+  co_await wait_all(sends);
+}
+
 // Runs a call's bytes against the registered functions: the reply's kind
 // and bytes. Nothing the bytes say can take this rank down.
 template <class Backend>
-asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_state<Backend>> s,
-                                                       const bytes& payload) {
+asio::awaitable<std::pair<wire::kind, frame_out>> run_call(std::shared_ptr<agent_state<Backend>> s,
+                                                           frame_in& call) {
   std::string name;
   errc code = errc::remote_error;
   std::string detail;
   try {
-    reader r(payload);
+    reader r(call.body, &call.tensors);
     r(name);
     const auto arguments = r.read<std::string>();
     if (name == wire::fetch || name == wire::release) {  // a remote reference's value
@@ -219,12 +236,10 @@ asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_sta
         co_return std::pair{wire::kind::reply, v->second};
       } else {
         s->values.erase(v);
-        bytes none;
-        writer w(none);
-        w(std::string("void"));
-        co_return std::pair{wire::kind::reply, std::move(none)};
+        co_return std::pair{wire::kind::reply,
+                            make_frame([](writer& w) { w(std::string("void")); })};
       }
-      co_return std::pair{wire::kind::failure, failure_bytes(code, detail)};
+      co_return std::pair{wire::kind::failure, failure_frame(code, detail)};
     }
     // agent::remote: run it, keep the result here, reply with its id.
     const bool keep = name.starts_with(wire::remote_prefix);
@@ -238,15 +253,15 @@ asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_sta
       detail = "'" + name + "' on rank " + std::to_string(s->me) + " takes " +
                it->second.arguments + "; the call passed " + arguments;
     } else {
-      bytes out = co_await it->second.run(r);
+      frame_out out = co_await it->second.run(r);
       if (keep) {
         const auto id = s->next_value++;
         s->values.emplace(id, std::move(out));
-        out.clear();
-        writer w(out);
-        w(signature<std::uint64_t, std::string>());
-        w(id);
-        w(it->second.result);
+        out = make_frame([&](writer& w) {
+          w(signature<std::uint64_t, std::string>());
+          w(id);
+          w(it->second.result);
+        });
       }
       co_return std::pair{wire::kind::reply, std::move(out)};
     }
@@ -258,17 +273,25 @@ asio::awaitable<std::pair<wire::kind, bytes>> run_call(std::shared_ptr<agent_sta
   } catch (...) {
     detail = "'" + name + "' threw on rank " + std::to_string(s->me) + " (not a std::exception)";
   }
-  co_return std::pair{wire::kind::failure, failure_bytes(code, detail)};
+  co_return std::pair{wire::kind::failure, failure_frame(code, detail)};
 }
 
 // A call from `peer`: run it, send the reply (a caller that is gone or
 // gave up meanwhile is no error of ours).
 template <class Backend>
 asio::awaitable<void> handle(std::shared_ptr<agent_state<Backend>> s, int peer, std::uint64_t id,
-                             bytes payload) {
-  auto [type, out] = co_await run_call(s, payload);
+                             frame_in call) {
+  auto [type, out] = co_await run_call(s, call);
+  if (out.total_bytes() > s->o.max_message_bytes) {
+    type = wire::kind::failure;
+    out = failure_frame(errc::invalid_argument,
+                        "the reply's " + std::to_string(out.total_bytes()) +
+                            " bytes exceed agent_options::max_message_bytes (" +
+                            std::to_string(s->o.max_message_bytes) + ") on rank " +
+                            std::to_string(s->me));
+  }
   try {
-    co_await send_frame(s, peer, type, id, std::make_shared<const bytes>(std::move(out)),
+    co_await send_frame(s, peer, type, id, std::make_shared<const frame_out>(std::move(out)),
                         s->o.timeout);
   } catch (const std::exception& e) {
     dcomm::detail::log(dcomm::detail::log_level::debug,
@@ -276,6 +299,22 @@ asio::awaitable<void> handle(std::shared_ptr<agent_state<Backend>> s, int peer, 
   }
   --s->handlers;
   s->wake_shutdown();
+}
+
+// A payload from `peer` split from its tensors' table, the tensors
+// allocated. A table that does not parse ends the stream: what follows it
+// cannot be told apart.
+template <class Backend>
+frame_in receive_tensors(const agent_state<Backend>& s, int peer, bytes payload) {
+  const std::uint64_t room = s.o.max_message_bytes - payload.size();
+  try {
+    return unseal(std::move(payload), room);
+  } catch (const payload_error& e) {
+    throw_error(errc::protocol_error, {.operation = "rpc",
+                                       .rank = s.me,
+                                       .peers = "rank " + std::to_string(peer),
+                                       .detail = std::string("a frame's tensors: ") + e.what()});
+  }
 }
 
 // Listens to `peer` until its bye, its loss or the agent's end.
@@ -301,24 +340,39 @@ asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
                      .rank = s->me,
                      .peers = "rank " + std::to_string(peer),
                      .detail = "a frame header that is not the agent's (magic, kind or size)"});
-      bytes payload(h.bytes);
+      frame_in frame;
       if (h.bytes) {
+        bytes payload(h.bytes);
         {
           auto g = s->group.lock();
           if (!g) co_return;
           r = g->irecv(payload, peer, wire::tag, listen);
         }
         co_await r.async_wait();
+        frame = receive_tensors(*s, peer, std::move(payload));
+        if (!frame.tensors.empty()) {
+          std::vector<request> receives;
+          {
+            auto g = s->group.lock();
+            if (!g) co_return;
+            for (auto& t : frame.tensors)
+              receives.push_back(g->irecv(
+                  std::span<std::uint8_t>(static_cast<std::uint8_t*>(t.data),
+                                          static_cast<std::size_t>(t.count * size_of(t.type))),
+                  peer, wire::tag, listen));
+          }
+          co_await wait_all(receives);
+        }
       }
       switch (h.type) {
         case wire::kind::call:
           ++s->handlers;
           ++s->received;
-          asio::co_spawn(s->ex, handle(s, peer, h.id, std::move(payload)), asio::detached);
+          asio::co_spawn(s->ex, handle(s, peer, h.id, std::move(frame)), asio::detached);
           break;
         case wire::kind::reply:
         case wire::kind::failure:
-          s->complete(h.id, peer, h.type, std::move(payload));
+          s->complete(h.id, peer, h.type, std::move(frame));
           break;
         case wire::kind::bye:
           s->said_bye[static_cast<std::size_t>(peer)] = true;
@@ -336,10 +390,11 @@ asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
 }
 
 // A call of this rank's: to a peer, or run here when it names this rank.
+// `call` is the sealed frame: name, argument signature, arguments.
 template <class Backend>
-asio::awaitable<bytes> raw_call(std::shared_ptr<agent_state<Backend>> s, int dst,
-                                std::chrono::milliseconds timeout, std::string name,
-                                std::string arguments, bytes args) {
+asio::awaitable<frame_in> raw_call(std::shared_ptr<agent_state<Backend>> s, int dst,
+                                   std::chrono::milliseconds timeout, std::string name,
+                                   std::shared_ptr<const frame_out> call) {
   const std::string what = s->call_name(name);
   if (dst < 0 || dst >= s->n)
     throw_error(errc::invalid_argument,
@@ -349,30 +404,24 @@ asio::awaitable<bytes> raw_call(std::shared_ptr<agent_state<Backend>> s, int dst
                            std::to_string(s->n)});
   if (s->closed)
     throw_error(errc::closed, {.operation = what, .rank = s->me, .detail = "the agent shut down"});
-  auto payload = std::make_shared<bytes>();
-  {
-    writer w(*payload);
-    w(name);
-    w(arguments);
-    w.raw(args.data(), args.size());
-  }
-  if (payload->size() > s->o.max_message_bytes)
+  if (call->total_bytes() > s->o.max_message_bytes)
     throw_error(errc::invalid_argument,
                 {.operation = what,
                  .rank = s->me,
-                 .detail = "the call's " + std::to_string(payload->size()) +
+                 .detail = "the call's " + std::to_string(call->total_bytes()) +
                            " bytes exceed agent_options::max_message_bytes (" +
                            std::to_string(s->o.max_message_bytes) + ")"});
   const auto id = s->next_id++;
-  ++s->issued;
   if (dst == s->me) {  // no message: the handler runs here
+    ++s->issued;
     ++s->received;
     ++s->handlers;
-    auto [type, out] = co_await run_call(s, *payload);
+    frame_in here = loopback(*call);
+    auto [type, out] = co_await run_call(s, here);
     --s->handlers;
     typename agent_state<Backend>::pending_call p{.peer = dst, .name = &name, .wake = nullptr};
     s->calls.emplace(id, &p);
-    s->complete(id, dst, type, std::move(out));
+    s->complete(id, dst, type, loopback(out));
     s->calls.erase(id);
     s->wake_shutdown();
     if (p.failure) std::rethrow_exception(p.failure);
@@ -380,12 +429,13 @@ asio::awaitable<bytes> raw_call(std::shared_ptr<agent_state<Backend>> s, int dst
   }
   if (auto why = s->gone[static_cast<std::size_t>(dst)])
     std::rethrow_exception(s->as_call_error(name, dst, why));
+  ++s->issued;  // counted once it is sent (shutdown compares with calls received)
   asio::steady_timer wake(s->ex, timeout);
   typename agent_state<Backend>::pending_call p{.peer = dst, .name = &name, .wake = &wake};
   s->calls.emplace(id, &p);
   std::exception_ptr send_failure;
   try {
-    co_await send_frame<Backend>(s, dst, wire::kind::call, id, payload, timeout);
+    co_await send_frame<Backend>(s, dst, wire::kind::call, id, call, timeout);
   } catch (...) {
     send_failure = std::current_exception();
   }
