@@ -10,6 +10,7 @@
 //   call ()->void     an empty remote call's round trip
 //   call (i64)->i64   one 8-byte argument and result
 //   call (vec) 64 KiB a 64 KiB argument echoed back
+//   call (vec) 4 MiB  a 4 MiB float tensor echoed back (beside the payload)
 //   in flight K       --in-flight calls kept going: calls per second
 #include <algorithm>
 #include <chrono>
@@ -77,6 +78,7 @@ asio::awaitable<void> bench(comm_t& comm, const settings& s) {
   functions.add("noop", [] {});
   functions.add("inc", [](std::int64_t x) { return x + 1; });
   functions.add("echo", [](std::vector<std::uint8_t> v) { return v; });
+  functions.add("echo_f32", [](std::vector<float> v) { return v; });
   // Rank 1 waits in shutdown while rank 0 measures.
   auto rpc =
       co_await dcomm::rpc::start(comm, functions, {.shutdown_timeout = std::chrono::minutes(10)});
@@ -100,6 +102,15 @@ asio::awaitable<void> bench(comm_t& comm, const settings& s) {
       if (back.size() != block.size()) throw std::runtime_error("echo: wrong size");
     });
     row("call (vec) 64 KiB", block.size(), large, 1e6 / large);
+    // A tensor: sent from the vector, received into the handler's (and back).
+    const std::vector<float> tensor(1 << 20, 1.0f);
+    fewer.iters = std::max(1, s.iters / 100);
+    fewer.warmup = std::max(1, s.warmup / 100);
+    const double huge = co_await timed(fewer, [&]() -> asio::awaitable<void> {
+      auto back = co_await rpc.call<std::vector<float>>(1, "echo_f32", tensor);
+      if (back.size() != tensor.size()) throw std::runtime_error("echo_f32: wrong size");
+    });
+    row("call (vec) 4 MiB", tensor.size() * sizeof(float), huge, 1e6 / huge);
     // Throughput: keep in_flight calls going until iters have completed.
     auto ex = co_await asio::this_coro::executor;
     int started = 0, done = 0, failed = 0;
