@@ -2,12 +2,16 @@
 // expectations as the CPU backend's tests/tcp/tcp_collectives_test.cpp) on
 // the MPI backend, under the real mpirun with worlds 1, 3 and 4: every
 // collective, every dtype, counts 0, 1, 7, world-1, 1001 and large ones,
-// in place and out of place, functors, runtime-typed views and objects.
+// in place and out of place, functors, runtime-typed views and objects;
+// and the RPC agent (dcomm/rpc.hpp) over MPI's point-to-point.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <dcomm/half.hpp>
+#include <dcomm/rpc.hpp>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "mpi/mpi_world.hpp"
 #include "support/collective_cases.hpp"
@@ -40,6 +44,36 @@ TEST_SUITE("mpi collectives") {
   TEST_CASE("custom functors, runtime-typed views and objects") {
     const std::string failure =
         run_on(mpi_world(), [](mpi_comm& comm) { return functors_views_objects(comm); });
+    CHECK_MESSAGE(failure.empty(), failure);
+  }
+
+  TEST_CASE("rpc: calls, tensors and remote references over MPI") {
+    const std::string failure = run_on(mpi_world(), [](mpi_comm& comm) -> asio::awaitable<void> {
+      dcomm::rpc::registry f;
+      const int me = comm.rank();
+      f.add("add", [](std::int32_t a, std::int32_t b) { return a + b; });
+      f.add("whoami", [me] { return me; });
+      f.add("scale", [](std::vector<float> v, float by) {
+        for (auto& x : v) x *= by;
+        return v;
+      });
+      auto rpc = co_await dcomm::rpc::start(comm, f);
+      const int next = (me + 1) % comm.size();
+      if (co_await rpc.call<std::int32_t>(next, "add", me, 40) != me + 40)
+        throw std::runtime_error("add");
+      if (co_await rpc.call<int>(next, "whoami") != next) throw std::runtime_error("whoami");
+      std::vector<float> v(100'003);  // a tensor beside the payload
+      std::iota(v.begin(), v.end(), 0.0f);
+      auto doubled = co_await rpc.call<std::vector<float>>(next, "scale", v, 2.0f);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (doubled[i] != 2 * v[i]) throw std::runtime_error("scale at " + std::to_string(i));
+      {
+        auto ref = co_await rpc.remote<int>(next, "whoami");
+        if (co_await ref.to_here() != next) throw std::runtime_error("to_here");
+      }
+      co_await rpc.shutdown();
+      if (rpc.values_held() != 0) throw std::runtime_error("a remote value was not released");
+    });
     CHECK_MESSAGE(failure.empty(), failure);
   }
 }
