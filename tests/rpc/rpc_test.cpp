@@ -193,8 +193,9 @@ std::string forged_call(const std::string& name) {
   });
   wire::header h{
       .magic = wire::magic, .type = wire::kind::call, .id = 7, .bytes = frame.payload.size()};
-  std::string bytes(reinterpret_cast<const char*>(&h), sizeof h);
-  bytes.append(frame.payload.begin(), frame.payload.end());
+  std::string bytes(wire::head_bytes, '\0');  // the payload fits in the head
+  std::memcpy(bytes.data(), &h, sizeof h);
+  std::memcpy(bytes.data() + sizeof h, frame.payload.data(), frame.payload.size());
   return bytes;
 }
 
@@ -420,17 +421,17 @@ TEST_SUITE("rpc") {
       auto rpc = co_await start(c, self, {.shutdown_timeout = 10s});
       namespace wire = dcomm::rpc::wire;
       if (r == 0) {  // a header that is not the agent's
-        std::vector<std::uint8_t> junk(sizeof(wire::header), 0xab);
+        std::vector<std::uint8_t> junk(wire::head_bytes, 0xab);
         co_await rpc.group().send(junk, 1, wire::tag);
       } else if (r == 2) {  // a call whose tensor table lists a dtype that does not exist
         wire::header h{.magic = wire::magic, .type = wire::kind::call, .id = 1, .bytes = 20};
-        std::vector<std::uint8_t> head(sizeof h), table(20, 0);
+        std::vector<std::uint8_t> head(wire::head_bytes, 0);
         std::memcpy(head.data(), &h, sizeof h);
-        table[0] = 99;  // dtype
-        table[8] = 1;   // count
-        table[16] = 1;  // one tensor
+        std::uint8_t* table = head.data() + sizeof h;  // the payload, in the head
+        table[0] = 99;                                 // dtype
+        table[8] = 1;                                  // count
+        table[16] = 1;                                 // one tensor
         co_await rpc.group().send(head, 1, wire::tag);
-        co_await rpc.group().send(table, 1, wire::tag);
       }
       co_await c.barrier();
       if (r == 1) {

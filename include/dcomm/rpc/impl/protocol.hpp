@@ -3,11 +3,13 @@
 // rpc/impl/agent.hpp).
 //
 // Wire: on the agent's own group, every message between two ranks uses one
-// tag, so they arrive in the order they were sent. A frame is a 24-byte
-// header {magic, kind, id, bytes} and, when bytes > 0, a second message of
-// that many bytes (the payload, rpc/impl/frame.hpp), then one message per
-// tensor the payload's table lists: all started before any is awaited, on
-// the backend's strand, so no other frame can come between.
+// tag, so they arrive in the order they were sent. A frame starts with a
+// head of 256 bytes: a 24-byte header {magic, kind, id, bytes}, then the
+// payload (rpc/impl/frame.hpp) when its `bytes` fit (a small call is one
+// message each way); a larger payload is a message of its own after the
+// head. Then one message per tensor the payload's table lists. All are
+// started before any is awaited, on the backend's strand, so no other
+// frame can come between.
 //   call     name, argument signature, arguments     (id: the caller's)
 //   reply    result name, result
 //   failure  errc, the callee's message
@@ -23,7 +25,9 @@
 // Everything here runs on the group's executor (the backend's strand).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <span>
@@ -53,6 +57,9 @@ struct header {
   std::uint64_t bytes = 0;
 };
 static_assert(sizeof(header) == 24);
+inline constexpr std::size_t head_bytes = 256;
+inline constexpr std::size_t inline_bytes = head_bytes - sizeof(header);
+using head = std::array<std::uint8_t, head_bytes>;
 }  // namespace wire
 
 template <class Backend>
@@ -187,21 +194,24 @@ template <class Backend>
 asio::awaitable<void> send_frame(std::shared_ptr<agent_state<Backend>> s, int peer, wire::kind type,
                                  std::uint64_t id, std::shared_ptr<const frame_out> frame,
                                  std::chrono::milliseconds timeout) {
-  auto h = std::make_shared<wire::header>();
-  h->type = type;
-  h->id = id;
-  h->bytes = frame ? frame->payload.size() : 0;
+  wire::header h;
+  h.type = type;
+  h.id = id;
+  h.bytes = frame ? frame->payload.size() : 0;
+  const bool in_head = h.bytes <= wire::inline_bytes;
+  auto head = std::make_shared<wire::head>();
+  std::memcpy(head->data(), &h, sizeof h);
+  if (h.bytes && in_head)
+    std::memcpy(head->data() + sizeof h, frame->payload.data(), frame->payload.size());
   std::vector<request> sends;
   {
     auto g = s->group.lock();
     if (!g)
       throw_error(errc::closed, {.operation = "rpc", .rank = s->me, .detail = "the agent is gone"});
     const op_options o{.timeout = timeout};
-    sends.push_back(g->isend(
-        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(h.get()), sizeof *h),
-        peer, wire::tag, o));
-    if (h->bytes) {
-      sends.push_back(g->isend(frame->payload, peer, wire::tag, o));
+    sends.push_back(g->isend(std::span<const std::uint8_t>(*head), peer, wire::tag, o));
+    if (h.bytes) {
+      if (!in_head) sends.push_back(g->isend(frame->payload, peer, wire::tag, o));
       for (const auto& t : frame->tensors)
         sends.push_back(g->isend(bytes_of(t), peer, wire::tag, o));
       s->payload_bytes += frame->payload.size();
@@ -324,15 +334,16 @@ asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
   const op_options listen{.timeout = std::chrono::hours(24 * 365)};
   try {
     for (;;) {
-      wire::header h{};
+      wire::head head;
       request r;
       {
         auto g = s->group.lock();
         if (!g) co_return;
-        r = g->irecv(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&h), sizeof h), peer,
-                     wire::tag, listen);
+        r = g->irecv(std::span<std::uint8_t>(head), peer, wire::tag, listen);
       }
       co_await r.async_wait();
+      wire::header h;
+      std::memcpy(&h, head.data(), sizeof h);
       if (h.magic != wire::magic || h.type < wire::kind::call || h.type > wire::kind::bye ||
           h.bytes > s->o.max_message_bytes)
         throw_error(errc::protocol_error,
@@ -342,13 +353,18 @@ asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
                      .detail = "a frame header that is not the agent's (magic, kind or size)"});
       frame_in frame;
       if (h.bytes) {
-        bytes payload(h.bytes);
-        {
-          auto g = s->group.lock();
-          if (!g) co_return;
-          r = g->irecv(payload, peer, wire::tag, listen);
+        bytes payload;
+        if (h.bytes <= wire::inline_bytes) {
+          payload.assign(head.begin() + sizeof h, head.begin() + sizeof h + h.bytes);
+        } else {
+          payload.resize(h.bytes);
+          {
+            auto g = s->group.lock();
+            if (!g) co_return;
+            r = g->irecv(payload, peer, wire::tag, listen);
+          }
+          co_await r.async_wait();
         }
-        co_await r.async_wait();
         frame = receive_tensors(*s, peer, std::move(payload));
         if (!frame.tensors.empty()) {
           std::vector<request> receives;
