@@ -1,7 +1,8 @@
 // dcomm/torch.hpp: torch::Tensor as a dcomm tensor. Its traits (every
 // dtype, devices, refusals), collectives on torch tensors in a thread
 // world, the gradients of a torch::nn module through p.grad() and
-// p.mutable_grad(), and gradient_bucketer over them.
+// p.mutable_grad(), gradient_bucketer over them, and torch tensors as
+// arguments and results of remote calls (dcomm/rpc/torch.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <torch/torch.h>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include "dcomm/gradient_bucketer.hpp"
+#include "dcomm/rpc.hpp"
+#include "dcomm/rpc/torch.hpp"
 #include "dcomm/torch.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
@@ -130,6 +133,52 @@ TEST_SUITE("torch") {
                 "parameter " + std::to_string(i) + " gradient is not the average");
       // p.grad() itself (const Tensor&) can be received into.
       co_await c.broadcast(params[0].grad(), 0);
+    });
+  }
+
+  TEST_CASE("rpc: torch tensors as arguments and results, every dtype, beside the payload") {
+    DCOMM_TEST_DEADLINE(120s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      dcomm::rpc::registry f;
+      f.add("twice", [](torch::Tensor t) { return t.defined() ? t + t : t; });
+      f.add("shape", [](torch::Tensor t) { return t.sizes().vec(); });
+      auto rpc = co_await dcomm::rpc::start(c, f);
+      if (r == 0) {
+        for (const auto& [torch_type, type] : dtypes) {
+          CAPTURE(dcomm::name(type));
+          // 4 KiB and more of a contiguous tensor travels beside the payload.
+          auto big = torch::arange(6000).reshape({30, 200}).to(torch_type);
+          auto before = rpc.traffic();
+          auto back = co_await rpc.call<torch::Tensor>(1, "twice", big);
+          auto after = rpc.traffic();
+          require(back.scalar_type() == torch_type && back.sizes() == big.sizes() &&
+                      torch::equal(back, big + big),
+                  "twice of a 30x200 tensor");
+          require(after.tensor_bytes - before.tensor_bytes == 6000 * dcomm::size_of(type),
+                  "sent beside the payload");
+          // Small, strided, 0-d and empty ones go in the payload.
+          auto strided = big.t();
+          require(torch::equal(co_await rpc.call<torch::Tensor>(1, "twice", strided),
+                               strided + strided),
+                  "a transposed view");
+          auto small = torch::arange(5).to(torch_type);
+          require(torch::equal(co_await rpc.call<torch::Tensor>(1, "twice", small), small + small),
+                  "a small tensor");
+          auto scalar = torch::tensor(3).to(torch_type);
+          auto scalar_back = co_await rpc.call<torch::Tensor>(1, "twice", scalar);
+          require(scalar_back.dim() == 0 && torch::equal(scalar_back, scalar + scalar), "0-d");
+          auto empty = torch::empty({0, 7}, torch::TensorOptions().dtype(torch_type));
+          auto sizes = co_await rpc.call<std::vector<std::int64_t>>(1, "shape", empty);
+          require(sizes == std::vector<std::int64_t>{0, 7}, "an empty tensor's shape");
+        }
+        torch::Tensor none;
+        require(!(co_await rpc.call<torch::Tensor>(1, "twice", none)).defined(), "undefined");
+        // Refused before anything is sent: a dtype dcomm does not have.
+        auto odd = torch::zeros({3}, torch::kInt16);
+        auto refused = error_of([&] { (void)rpc.call<torch::Tensor>(1, "twice", odd); });
+        require(!refused.empty(), "an int16 tensor was not refused");
+      }
+      co_await rpc.shutdown();
     });
   }
 }

@@ -142,16 +142,20 @@ class reader {
       throw payload_error("a length of " + std::to_string(n) + " empty elements");
     return static_cast<std::size_t>(n);
   }
-  // The next tensor, which must hold n elements of T.
-  template <element_type T>
-  std::vector<T>& tensor(std::uint64_t n) {
+  // The next tensor, which must hold n elements of `type`.
+  tensor_in& next_tensor(dtype type, std::uint64_t n) {
     if (!tensors_left()) throw payload_error("a tensor is missing");
     tensor_in& t = (*tensors_)[next_tensor_++];
-    if (t.type != dtype_of_v<T> || t.count != n)
+    if (t.type != type || t.count != n)
       throw payload_error("a tensor of " + std::to_string(t.count) + " " +
                           std::string(dcomm::name(t.type)) + " where " + std::to_string(n) + " " +
-                          std::string(dcomm::name(dtype_of_v<T>)) + " were expected");
-    return *static_cast<std::vector<T>*>(t.vector.get());
+                          std::string(dcomm::name(type)) + " were expected");
+    return t;
+  }
+  // The same, as the std::vector<T> it was received into.
+  template <element_type T>
+  std::vector<T>& tensor(std::uint64_t n) {
+    return *static_cast<std::vector<T>*>(next_tensor(dtype_of_v<T>, n).vector.get());
   }
   template <class T>
   void operator()(T& v) {
