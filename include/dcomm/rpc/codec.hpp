@@ -206,6 +206,10 @@ template <class A, class B>
 struct is_composite<std::pair<A, B>> : std::true_type {};
 template <class... Ts>
 struct is_composite<std::tuple<Ts...>> : std::true_type {};
+template <class T>
+struct is_span : std::false_type {};
+template <class T, std::size_t E>
+struct is_span<std::span<T, E>> : std::true_type {};
 template <class T, std::size_t E>  // a pointer and a size: never its bytes
 struct is_composite<std::span<T, E>> : std::true_type {};
 

@@ -21,6 +21,9 @@ registry& registry::add(std::string name, F f) {
   using arguments = typename traits::args;
   using returned = typename traits::result;
   using result = typename detail::awaited<returned>::type;
+  static_assert(!codec_detail::is_span<std::remove_cvref_t<result>>::value,
+                "dcomm::rpc: a handler returns a std::vector, not a std::span (what a span "
+                "shows may change or go before the reply is sent)");
   detail::function_entry e;
   e.arguments = detail::tuple_signature<arguments>::get();
   e.result = result_name<result>();
