@@ -93,7 +93,7 @@ inline std::int64_t clock_offset(std::string_view theirs, std::string_view mine)
 }
 
 // What a rank publishes: its host identity, then its clock.
-inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::string& prefix,
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::string& prefix,
                                           int rank, const std::string& host) {
   const std::string key = prefix + "/host/" + std::to_string(rank);
   co_await s->set(key, host + "\n" + clock_to_publish());
@@ -109,7 +109,7 @@ struct peers_published {
   std::vector<std::int64_t> clock_offsets;
 };
 
-inline asio::awaitable<peers_published> read_peers_published(std::shared_ptr<store> s,
+DCOMM_EMIT_ON_USE inline asio::awaitable<peers_published> read_peers_published(std::shared_ptr<store> s,
                                                              const std::string& prefix, int rank,
                                                              int world, const std::string& mine,
                                                              detail::clock::time_point deadline) {

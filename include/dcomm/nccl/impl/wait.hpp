@@ -17,7 +17,7 @@
 
 namespace dcomm {
 
-inline detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
                                                  const char* operation, std::size_t bytes) {
   const auto start = detail::clock::now();
   detail::clock::duration poll = o_.spin;
@@ -63,7 +63,7 @@ inline detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g, const
     g.estimate.finished(operation, bytes, detail::clock::now() - start);
 }
 
-inline detail::task<void> nccl_backend::sleep_until_passed(cudaEvent_t ev, group& g,
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::sleep_until_passed(cudaEvent_t ev, group& g,
                                                            const op_context& ctx,
                                                            const char* operation,
                                                            asio::steady_timer& timer) {
@@ -83,7 +83,7 @@ inline detail::task<void> nccl_backend::sleep_until_passed(cudaEvent_t ev, group
   }
 }
 
-inline detail::task<void> nccl_backend::watch(std::shared_ptr<nccl_backend> self, cudaEvent_t ev,
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::watch(std::shared_ptr<nccl_backend> self, cudaEvent_t ev,
                                               std::uint64_t group_id, op_context ctx,
                                               const char* operation) {
   pooled_event held(*self, ev);

@@ -16,7 +16,7 @@
 namespace dcomm::tcp {
 
 // out holds n blocks of `count`; in may be out's block r (in place).
-inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, std::size_t count,
                                             std::size_t es) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -30,7 +30,7 @@ inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, 
   co_return;
 }
 
-inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
                                           std::size_t es, std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -43,7 +43,7 @@ inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, st
 }
 
 // Step 0: counts; step 1: data.
-inline detail::task<std::vector<std::size_t>> exchange_counts(
+DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> exchange_counts(
     call& c, const std::vector<std::uint64_t>& mine_per_peer) {
   const int n = c.size(), r = c.rank();
   std::vector<std::uint64_t> theirs(static_cast<std::size_t>(n), 0);
@@ -60,7 +60,7 @@ inline detail::task<std::vector<std::size_t>> exchange_counts(
   co_return std::vector<std::size_t>(theirs.begin(), theirs.end());
 }
 
-inline detail::task<std::vector<std::size_t>> direct_all_gather_v(call& c, const_tensor_view in,
+DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_gather_v(call& c, const_tensor_view in,
                                                                   const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
   const std::size_t es = size_of(in.type);

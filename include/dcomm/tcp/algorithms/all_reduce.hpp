@@ -15,7 +15,7 @@
 namespace dcomm::tcp {
 
 // `buf` holds this rank's contribution and receives the result.
-inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std::size_t count,
                                                         std::size_t es, const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
@@ -53,7 +53,7 @@ inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf, std:
 }
 
 // in == nullptr: in place on out.
-inline detail::task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_reduce(call& c, const void* in, void* out, std::size_t count,
                                           std::size_t es, const reducer& op,
                                           std::size_t chunk_bytes) {
   const int n = c.size();

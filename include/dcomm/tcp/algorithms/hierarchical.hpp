@@ -82,7 +82,7 @@ inline reducer combining_only(const reducer& op) {
 }
 
 // In place on `buf`, among the view's ranks; not finished.
-inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count, std::size_t es,
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count, std::size_t es,
                                           const reducer& partial, const hierarchy_tuning& t) {
   if (c.size() <= 1) co_return;
   if (count * es <= t.small_all_reduce || count < static_cast<std::size_t>(c.size()))
@@ -91,7 +91,7 @@ inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
     co_await ring_all_reduce(c, nullptr, buf, count, es, partial, t.chunk_bytes);
 }
 
-inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const void* in,
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const void* in,
                                                   void* out, std::size_t count, std::size_t es,
                                                   const reducer& op, const hierarchy_tuning& t) {
   const reducer partial = combining_only(op);
@@ -144,7 +144,7 @@ inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h,
 }
 
 // Among the view's ranks, by size as the flat broadcast chooses.
-inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes, int root,
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes, int root,
                                          const hierarchy_tuning& t) {
   if (c.size() <= 1) co_return;
   if (bytes <= t.small_broadcast)
@@ -186,7 +186,7 @@ inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root,
   return {prev, next};
 }
 
-inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
                                                  std::size_t bytes, int root,
                                                  const hierarchy_tuning& t) {
   if (bytes > t.small_broadcast) {
@@ -210,7 +210,7 @@ inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, 
   }
 }
 
-inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
   const int local = static_cast<int>(h.local.size());
   const bool leader = h.local_rank == 0;
   {

@@ -12,7 +12,7 @@
 namespace dcomm::tcp {
 
 // out is used on the root only (it may equal in: in place).
-inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, std::size_t count,
                                           std::size_t es, const reducer& op, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
@@ -34,7 +34,7 @@ inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, st
   op.finish(acc, count, n);
 }
 
-inline detail::task<void> chain_reduce(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> chain_reduce(call& c, const void* in, void* out, std::size_t count,
                                        std::size_t es, const reducer& op, int root,
                                        std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);

@@ -13,7 +13,7 @@
 namespace dcomm::tcp {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out,
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out,
                                                 std::size_t count, std::size_t es,
                                                 const reducer& op) {
   const int n = c.size(), r = c.rank();
@@ -36,7 +36,7 @@ inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* o
   op.finish(out, count, n);
 }
 
-inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
                                               std::size_t es, const reducer& op,
                                               std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();

@@ -52,7 +52,7 @@ struct ring_shape {
 // Reduce-scatter into `out` (every block of it may be written). `in` holds
 // this rank's contribution; in == nullptr means it is already in `out`
 // (in place), and `scratch_buffer` receives. Steps [0, world-1) of the call.
-inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape,
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape,
                                                     const void* in, void* out, const reducer& op,
                                                     scratch& tmp) {
   const int n = c.size(), r = c.rank();
@@ -91,7 +91,7 @@ inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& s
 
 // All-gather in place on `out`, whose block r is this rank's. Steps
 // [first_step, first_step + (world-1) * chunks) of the call.
-inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* out,
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* out,
                                                 std::size_t first_round) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
