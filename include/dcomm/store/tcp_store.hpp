@@ -225,7 +225,7 @@ class tcp_store final : public store {
   }
 
   DCOMM_EMIT_ON_USE static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
-                                          detail::clock::time_point deadline) {
+                                                            detail::clock::time_point deadline) {
     co_await self->ensure_connected(deadline);
   }
 
@@ -290,8 +290,8 @@ class tcp_store final : public store {
 
   // Holds the store weakly: a store nobody uses any more must be able to die
   // (its destructor closes the stream, which ends this loop).
-  DCOMM_EMIT_ON_USE static asio::awaitable<void> read_loop(std::weak_ptr<tcp_store> weak,
-                                         std::shared_ptr<store_detail::frame_stream> stream) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> read_loop(
+      std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream) {
     errc code = errc::peer_lost;
     error_context why;
     try {
@@ -354,9 +354,10 @@ class tcp_store final : public store {
   }
 
   // Sends one request and waits for its reply (status byte stripped).
-  DCOMM_EMIT_ON_USE asio::awaitable<std::string> request(store_detail::store_op op, detail::wire_writer args,
-                                       std::string operation, std::string key,
-                                       detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> request(store_detail::store_op op,
+                                                         detail::wire_writer args,
+                                                         std::string operation, std::string key,
+                                                         detail::clock::time_point deadline) {
     // The server would drop the connection, failing every pending operation.
     if (args.bytes().size() + store_detail::request_prefix_bytes > options_.max_frame_bytes) {
       auto ctx = context(operation, key);

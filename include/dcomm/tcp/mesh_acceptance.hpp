@@ -195,8 +195,8 @@ struct acceptance {
 // failed: the goodbye names the cause), or, done with its own mesh, sends a
 // first frame of its transport (alive: the watch ends). The bytes are only
 // peeked at: the transport reads them.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, detail::ip_tcp::socket& socket,
-                                   int peer) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st,
+                                                     detail::ip_tcp::socket& socket, int peer) {
   st->watched.push_back(&socket);
   for (;;) {
     asio::error_code ec;
@@ -229,7 +229,7 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance>
 }
 
 DCOMM_EMIT_ON_USE inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
-                                           detail::ip_tcp::socket socket) {
+                                                             detail::ip_tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
   st->silent[id] = &socket;
   asio::error_code ec;

@@ -196,8 +196,8 @@ class staging {
   // Until `n` copies of the batch are done (or skipped); a failed copy is
   // rethrown unless `rethrow` is false.
   DCOMM_EMIT_ON_USE detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
-                                 detail::clock::time_point deadline, const char* operation,
-                                 bool rethrow = true) {
+                                                   detail::clock::time_point deadline,
+                                                   const char* operation, bool rethrow = true) {
     asio::steady_timer timer(ex_);
     b.waiter = &timer;
     struct unhook {

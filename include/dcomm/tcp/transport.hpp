@@ -466,7 +466,8 @@ class transport : public std::enable_shared_from_this<transport> {
   DCOMM_EMIT_ON_USE detail::task<void> shm_readable(peer_link& l);
   bool poll_shm(const op_state* spinner = nullptr);
   bool read_eager_inline(peer_link& l, int peer, const op_state* spinner);
-  DCOMM_EMIT_ON_USE static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
+  DCOMM_EMIT_ON_USE static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self,
+                                                             int peer);
   DCOMM_EMIT_ON_USE static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
   bool spin_shm(const op_state& spinner, Pred pred);

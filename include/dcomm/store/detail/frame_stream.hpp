@@ -208,7 +208,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   // One timer per connection, not one per frame: it wakes at the deadline
   // of the frame in progress, or polls every frame_timeout while idle.
   DCOMM_EMIT_ON_USE static asio::awaitable<void> watch(std::weak_ptr<frame_stream> weak,
-                                     std::shared_ptr<asio::steady_timer> timer) {
+                                                       std::shared_ptr<asio::steady_timer> timer) {
     for (;;) {
       asio::error_code ec;
       co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));

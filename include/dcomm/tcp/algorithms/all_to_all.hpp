@@ -14,7 +14,8 @@
 namespace dcomm::tcp {
 
 // in, out: n blocks of `bytes`; they do not overlap.
-DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out, std::size_t bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out,
+                                                              std::size_t bytes) {
   const int n = c.size(), r = c.rank();
   for (int i = 1; i < n; ++i) {
     const int p = mod(r - i, n);

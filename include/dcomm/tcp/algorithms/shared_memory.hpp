@@ -42,7 +42,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
   if (!a.all_arrived()) co_await a.wait_arrived();
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes,
+                                                          int root) {
   arena_call a(c);
   co_await a.enter();
   const bool is_root = c.rank() == root;
@@ -59,7 +60,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, s
 }
 
 // in: `bytes` per rank; out: every rank's, in rank order.
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* in, void* out, std::size_t bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* in, void* out,
+                                                           std::size_t bytes) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size();
@@ -84,8 +86,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* 
 
 // in: this rank's `count` elements; out: the root's result (only the root's
 // is written).
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, void* out, std::size_t count,
-                                     std::size_t es, const reducer& op, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, void* out,
+                                                       std::size_t count, std::size_t es,
+                                                       const reducer& op, int root) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size();
@@ -108,8 +111,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
   } while (first < count);
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out, std::size_t count,
-                                         std::size_t es, const reducer& op) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out,
+                                                           std::size_t count, std::size_t es,
+                                                           const reducer& op) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size(), r = c.rank();
