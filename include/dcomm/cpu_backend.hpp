@@ -60,10 +60,9 @@ class cpu_backend {
   // Connects to every peer through the store. Runs on (and stays on) the
   // executor it is awaited from, which must be a strand or a one-thread
   // context: the backend's state is not locked.
-  static asio::awaitable<std::shared_ptr<cpu_backend>> create(std::shared_ptr<store> s, int rank,
-                                                              int world, std::string job_token,
-                                                              std::string store_host, options o,
-                                                              detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<std::shared_ptr<cpu_backend>> create(
+      std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
+      options o, detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
     auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
     tcp::mesh_options mesh{
@@ -182,7 +181,7 @@ class cpu_backend {
                      int) {}
 
   // --- point to point ---
-  detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
+  DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
     if (staging_.sliced(in)) {
       // One message; its data goes as the slices reach the host. It is
       // announced before anything is awaited: a later send with the same
@@ -208,7 +207,7 @@ class cpu_backend {
       co_return;
     });
   }
-  detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
+  DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (staging_.sliced(out)) {
       // Each slice goes to the device as soon as it has arrived.
       tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
@@ -239,7 +238,7 @@ class cpu_backend {
   // broadcast, reduce, all_reduce), else staged whole around the host form
   // of itself (tcp/staging.hpp); the host form chooses its algorithm from
   // tcp/tuning.hpp's table and runs it from tcp/algorithms/<op>.hpp.
-  detail::task<void> barrier(op_context ctx) {
+  DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
     const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
     tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
     co_await c.run([&]() -> detail::task<void> {
@@ -254,7 +253,8 @@ class cpu_backend {
 
   // `staged`: the host copy of a CUDA tensor (never in the arena: its call
   // starts late, out of the order the arena's calls keep).
-  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root, bool staged = false) {
+  DCOMM_EMIT_ON_USE detail::task<void> broadcast(op_context ctx, tensor_view buf, int root,
+                                                 bool staged = false) {
     const bool is_root = ctx.group->rank == root;
     if (staging_.sliced(buf) && ctx.group->size() > 1) {
       const tcp::slice_plan plan = staging_.plan(buf);
@@ -286,8 +286,8 @@ class cpu_backend {
     });
   }
 
-  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
-                            int root, bool staged = false) {
+  DCOMM_EMIT_ON_USE detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out,
+                                              reducer op, int root, bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
       const tcp::slice_plan plan = staging_.plan(in);
@@ -326,8 +326,9 @@ class cpu_backend {
     });
   }
 
-  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer op,
-                                bool staged = false) {
+  DCOMM_EMIT_ON_USE detail::task<void> all_reduce(op_context ctx, const_tensor_view in,
+                                                  tensor_view out, reducer op,
+                                                  bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
       const tcp::slice_plan plan = staging_.plan(out);
@@ -358,7 +359,8 @@ class cpu_backend {
   }
 
   // in: n blocks (root only); out: one block.
-  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  DCOMM_EMIT_ON_USE detail::task<void> scatter(op_context ctx, const_tensor_view in,
+                                               tensor_view out, int root) {
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return scatter(ctx, i, o, root); });
@@ -373,7 +375,8 @@ class cpu_backend {
   }
 
   // in: one block; out: n blocks (root only).
-  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root) {
+  DCOMM_EMIT_ON_USE detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out,
+                                              int root) {
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
                               [&](auto i, auto o) { return gather(ctx, i, o, root); });
@@ -387,8 +390,8 @@ class cpu_backend {
     });
   }
 
-  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out,
-                                bool staged = false) {
+  DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
+                                                  tensor_view out, bool staged = false) {
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
@@ -409,8 +412,8 @@ class cpu_backend {
   }
 
   // in: n blocks; out: one block (may be in's block r).
-  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
-                                    reducer op) {
+  DCOMM_EMIT_ON_USE detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in,
+                                                      tensor_view out, reducer op) {
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
@@ -430,7 +433,8 @@ class cpu_backend {
 
   // in, out: n blocks each; they do not overlap (the in-place form, in ==
   // out, stages them apart; the communicator copies host tensors apart).
-  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out) {
+  DCOMM_EMIT_ON_USE detail::task<void> all_to_all(op_context ctx, const_tensor_view in,
+                                                  tensor_view out) {
     if (tcp::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
       co_return;
@@ -444,8 +448,9 @@ class cpu_backend {
     });
   }
 
-  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
-                                                      output_allocator alloc) {
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        output_allocator alloc) {
     if (tcp::staging::needed(in))
       co_return co_await staging_.whole(
           in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
@@ -459,9 +464,9 @@ class cpu_backend {
     co_return counts;
   }
 
-  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
-                                                      std::vector<std::size_t> send_counts,
-                                                      output_allocator alloc) {
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_to_all_v(
+      op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
+      output_allocator alloc) {
     if (tcp::staging::needed(in))
       co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
         return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
@@ -547,7 +552,8 @@ class cpu_backend {
   }
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
-  detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes, int root) {
+  DCOMM_EMIT_ON_USE detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes,
+                                                    int root) {
     const algorithm a = choose(c, coll_op::broadcast, {.bytes = bytes});
     if (a == algorithm::hierarchical)
       co_await tcp::hierarchical_broadcast(c, c.hosts(), data, bytes, root,
@@ -557,8 +563,9 @@ class cpu_backend {
     else
       co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
   }
-  detail::task<void> reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
-                               dtype type, const reducer& op, int root) {
+  DCOMM_EMIT_ON_USE detail::task<void> reduce_on(tcp::call& c, const void* in, void* out,
+                                                 std::size_t count, dtype type, const reducer& op,
+                                                 int root) {
     const std::size_t es = size_of(type);
     if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
         algorithm::binomial_tree)
@@ -566,8 +573,9 @@ class cpu_backend {
     else
       co_await tcp::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
   }
-  detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out, std::size_t count,
-                                   dtype type, const reducer& op) {
+  DCOMM_EMIT_ON_USE detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out,
+                                                     std::size_t count, dtype type,
+                                                     const reducer& op) {
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
     const algorithm a = choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count});

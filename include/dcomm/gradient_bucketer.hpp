@@ -291,7 +291,7 @@ class gradient_bucketer {
 
   // Waits for the buckets in launch order, unpacks each, and ends the step.
   // A failed bucket fails the step, after the others have been waited for.
-  asio::awaitable<void> finish_step() {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> finish_step() {
     std::exception_ptr failure;
     for (auto& b : buckets_) {
       if (!b.pending.valid()) continue;

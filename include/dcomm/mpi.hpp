@@ -136,27 +136,33 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
                      const std::shared_ptr<group_state>& child, int color, int key);
 
   // --- point to point: tags are MPI tags (0 to MPI_TAG_UB) ---
-  detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
-  detail::task<void> recv(op_context ctx, tensor_view out, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer);
 
   // --- collectives: MPI's own, one non-blocking call each ---
-  detail::task<void> barrier(op_context ctx);
-  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root);
-  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
-                            int root);
-  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r);
-  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root);
-  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root);
-  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out);
-  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
-                                    reducer r);
-  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out);
+  DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx);
+  DCOMM_EMIT_ON_USE detail::task<void> broadcast(op_context ctx, tensor_view buf, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out,
+                                              reducer r, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> all_reduce(op_context ctx, const_tensor_view in,
+                                                  tensor_view out, reducer r);
+  DCOMM_EMIT_ON_USE detail::task<void> scatter(op_context ctx, const_tensor_view in,
+                                               tensor_view out, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out,
+                                              int root);
+  DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
+                                                  tensor_view out);
+  DCOMM_EMIT_ON_USE detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in,
+                                                      tensor_view out, reducer r);
+  DCOMM_EMIT_ON_USE detail::task<void> all_to_all(op_context ctx, const_tensor_view in,
+                                                  tensor_view out);
   // The counts first (MPI_Iallgather, MPI_Ialltoall), then the data.
-  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
-                                                      output_allocator alloc);
-  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
-                                                      std::vector<std::size_t> send_counts,
-                                                      output_allocator alloc);
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        output_allocator alloc);
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_to_all_v(
+      op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
+      output_allocator alloc);
 
  private:
   mpi_backend(asio::any_io_executor ex, MPI_Comm world, options o);
@@ -175,9 +181,9 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   }
   // Until the requests are complete (statuses: one per request, or null),
   // polling, then sleeping between tests; at the deadline, a timeout.
-  detail::task<void> wait(MPI_Request* requests, int n, const op_context& ctx,
-                          const char* operation, MPI_Status* statuses = nullptr,
-                          std::string peers = "");
+  DCOMM_EMIT_ON_USE detail::task<void> wait(MPI_Request* requests, int n, const op_context& ctx,
+                                            const char* operation, MPI_Status* statuses = nullptr,
+                                            std::string peers = "");
   // The deadline passed with `requests` pending: receives are cancelled,
   // anything else leaves the backend failed. Throws errc::timeout.
   [[noreturn]] void timed_out(MPI_Request* requests, int n, bool receives_only,
@@ -185,8 +191,8 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
                               const std::string& peers);
   // options::check_calls: the group's ranks compare (op, dtype, count,
   // root, reduce op) before the call.
-  detail::task<void> check_signature(const op_context& ctx, const char* operation,
-                                     std::uint64_t signature);
+  DCOMM_EMIT_ON_USE detail::task<void> check_signature(const op_context& ctx, const char* operation,
+                                                       std::uint64_t signature);
   std::string group_name(const op_context& ctx) const;
 
   asio::any_io_executor ex_;

@@ -98,10 +98,9 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
 
   // Makes the world's NCCL communicator. Runs on (and stays on) the
   // executor it is awaited from, a strand or a one-thread context.
-  static asio::awaitable<std::shared_ptr<nccl_backend>> create(std::shared_ptr<store> s, int rank,
-                                                               int world, std::string job_token,
-                                                               std::string store_host, options o,
-                                                               detail::clock::time_point deadline);
+  DCOMM_EMIT_ON_USE static asio::awaitable<std::shared_ptr<nccl_backend>> create(
+      std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
+      options o, detail::clock::time_point deadline);
 
   nccl_backend(const nccl_backend&) = delete;
   nccl_backend& operator=(const nccl_backend&) = delete;
@@ -144,33 +143,39 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // mismatch, which NCCL cannot see: the non-empty ones reach the deadline.
 
   // --- point to point: matched in order per pair of ranks ---
-  detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
-  detail::task<void> recv(op_context ctx, tensor_view out, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer);
 
   // --- collectives ---
   // barrier: an all_reduce of one element.
-  detail::task<void> barrier(op_context ctx);
-  detail::task<void> broadcast(op_context ctx, tensor_view buf, int root);
-  detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r,
-                            int root);
-  detail::task<void> all_reduce(op_context ctx, const_tensor_view in, tensor_view out, reducer r);
-  detail::task<void> all_gather(op_context ctx, const_tensor_view in, tensor_view out);
-  detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in, tensor_view out,
-                                    reducer r);
+  DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx);
+  DCOMM_EMIT_ON_USE detail::task<void> broadcast(op_context ctx, tensor_view buf, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out,
+                                              reducer r, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> all_reduce(op_context ctx, const_tensor_view in,
+                                                  tensor_view out, reducer r);
+  DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
+                                                  tensor_view out);
+  DCOMM_EMIT_ON_USE detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in,
+                                                      tensor_view out, reducer r);
 
   // Composed from grouped send/recv, as NCCL has no scatter, gather or
   // all-to-all of its own.
-  detail::task<void> scatter(op_context ctx, const_tensor_view in, tensor_view out, int root);
-  detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out, int root);
-  detail::task<void> all_to_all(op_context ctx, const_tensor_view in, tensor_view out);
+  DCOMM_EMIT_ON_USE detail::task<void> scatter(op_context ctx, const_tensor_view in,
+                                               tensor_view out, int root);
+  DCOMM_EMIT_ON_USE detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out,
+                                              int root);
+  DCOMM_EMIT_ON_USE detail::task<void> all_to_all(op_context ctx, const_tensor_view in,
+                                                  tensor_view out);
 
   // The counts first (through device memory), then the data. Not
   // stream-ordered: the counts are needed on the host.
-  detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx, const_tensor_view in,
-                                                      output_allocator alloc);
-  detail::task<std::vector<std::size_t>> all_to_all_v(op_context ctx, const_tensor_view in,
-                                                      std::vector<std::size_t> send_counts,
-                                                      output_allocator alloc);
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        output_allocator alloc);
+  DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_to_all_v(
+      op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
+      output_allocator alloc);
 
  private:
   // One NCCL communicator: the world's or a group's.
@@ -212,9 +217,11 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   void start_split(std::uint64_t parent_id, detail::clock::time_point deadline,
                    const std::shared_ptr<group_state>& child, int color, int key);
   // ncclCommSplit in the parent's turn; the child's first turn ends with it.
-  static detail::task<void> split(std::shared_ptr<nccl_backend> self, group& parent, group* made,
-                                  std::uint64_t ticket, detail::clock::time_point deadline,
-                                  int color, int key);
+  DCOMM_EMIT_ON_USE static detail::task<void> split(std::shared_ptr<nccl_backend> self,
+                                                    group& parent, group* made,
+                                                    std::uint64_t ticket,
+                                                    detail::clock::time_point deadline, int color,
+                                                    int key);
   // Aborts every communicator, so that no GPU work waits on a peer any
   // longer, and fails what is pending and what comes later with `why`.
   void abort_all(std::exception_ptr why);
@@ -232,12 +239,13 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   detail::task<void> run(const op_context& ctx, const char* operation, std::size_t bytes,
                          Enqueue enqueue);
   // Waits for this operation's turn on g's communicator.
-  detail::task<void> take_turn(group& g, std::uint64_t ticket, const op_context& ctx,
-                               const char* operation);
+  DCOMM_EMIT_ON_USE detail::task<void> take_turn(group& g, std::uint64_t ticket,
+                                                 const op_context& ctx, const char* operation);
   void end_turn(group& g);
   // Until g's communicator has no call in progress (a non-blocking
   // communicator being made, or an enqueue NCCL finishes in the background).
-  detail::task<void> settle(group& g, const op_context& ctx, const char* operation);
+  DCOMM_EMIT_ON_USE detail::task<void> settle(group& g, const op_context& ctx,
+                                              const char* operation);
   // NCCL's asynchronous state of g (ncclSuccess or ncclInProgress); an
   // error aborts every communicator and is thrown, naming the operation.
   ncclResult_t async_state(group& g, const char* operation);
@@ -246,7 +254,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   [[noreturn]] void timeout(group& g, const op_context& ctx, const char* operation,
                             const std::string& where);
   // Sleeps on a timer that abort_all can cut short.
-  detail::task<void> nap(detail::clock::time_point until);
+  DCOMM_EMIT_ON_USE detail::task<void> nap(detail::clock::time_point until);
   [[noreturn]] void fail(ncclResult_t r, const std::string& what, ncclComm_t comm) const;
   void nccl_check(ncclResult_t r, const std::string& what, ncclComm_t comm) const {
     if (r != ncclSuccess) fail(r, what, comm);
@@ -280,18 +288,21 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // rest or for options::spin, then asleep until a host function queued
   // behind the event on the group's waker stream wakes it, and at every
   // poll_interval to check NCCL's asynchronous error and the deadline.
-  detail::task<void> wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
-                              const char* operation, std::size_t bytes);
+  DCOMM_EMIT_ON_USE detail::task<void> wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
+                                                const char* operation, std::size_t bytes);
   // The last part of wait_gpu, and watch's: asleep on `timer` (woken by the
   // host function, by abort_all, or every poll_interval) until `ev` is
   // passed, failing on NCCL's asynchronous error or the deadline.
-  detail::task<void> sleep_until_passed(cudaEvent_t ev, group& g, const op_context& ctx,
-                                        const char* operation, asio::steady_timer& timer);
+  DCOMM_EMIT_ON_USE detail::task<void> sleep_until_passed(cudaEvent_t ev, group& g,
+                                                          const op_context& ctx,
+                                                          const char* operation,
+                                                          asio::steady_timer& timer);
   // A stream-ordered operation's deadline, checked every poll_interval
   // without adding anything to the stream: failures surface in the next
   // operation, as the communicator is aborted.
-  static detail::task<void> watch(std::shared_ptr<nccl_backend> self, cudaEvent_t ev,
-                                  std::uint64_t group_id, op_context ctx, const char* operation);
+  DCOMM_EMIT_ON_USE static detail::task<void> watch(std::shared_ptr<nccl_backend> self,
+                                                    cudaEvent_t ev, std::uint64_t group_id,
+                                                    op_context ctx, const char* operation);
 
   // --- the operations' helpers (nccl/impl/operations.hpp) ---
   static void check_tag(const op_context& ctx, const char* operation);

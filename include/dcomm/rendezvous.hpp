@@ -103,8 +103,9 @@ inline constexpr const char* misconfigured_key = "dcomm/rdzv/misconfigured";
 // This rank found the job misconfigured: it tells the others (see the top
 // of this file) before it fails. Best effort: where the store fails too,
 // the others still have their deadline.
-inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s, int rank, int world,
-                                                std::string reason) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s,
+                                                                  int rank, int world,
+                                                                  std::string reason) {
   try {
     co_await s->compare_set(misconfigured_key, "", "rank " + std::to_string(rank) + ": " + reason);
     // Beyond that many (a typo such as WORLD_SIZE=100000), the others find
@@ -116,8 +117,9 @@ inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s, int ra
 }
 
 // Which of `ranks` have not set their rank/<r>/<what> key yet.
-inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
-                                                       std::vector<int> ranks, std::string what) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
+                                                                         std::vector<int> ranks,
+                                                                         std::string what) {
   std::vector<int> without;
   for (int r : ranks) {
     std::vector<std::string> one(1, rdzv_key(r, what));
@@ -139,7 +141,8 @@ inline std::exception_ptr as_dcomm_error(std::exception_ptr failure, error_conte
 // Start-up failed in the process that hosts the job's tcp store: before the
 // store goes, its clients are told why, so that they blame the cause (the
 // ranks this failure names) and not the store's host.
-inline asio::awaitable<void> leave_store(std::shared_ptr<store> s, std::exception_ptr failure) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> leave_store(std::shared_ptr<store> s,
+                                                           std::exception_ptr failure) {
   auto* tcp = dynamic_cast<tcp_store*>(s.get());
   if (!tcp || !tcp->server()) co_return;
   std::optional<dcomm::error> why;
@@ -153,8 +156,9 @@ inline asio::awaitable<void> leave_store(std::shared_ptr<store> s, std::exceptio
 }
 
 // The protocol, on any store (thread worlds pass a shared hash_store).
-inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int world_size,
-                                        std::string address, const rendezvous_options& options) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank,
+                                                          int world_size, std::string address,
+                                                          const rendezvous_options& options) {
   const auto start = detail::clock::now();
   const auto deadline = start + options.timeout;
   auto fail = [&](errc code, std::string detail, std::string peers = {}) {
@@ -247,8 +251,9 @@ inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank, int 
 // Every rank but 0 says it is done with the store; rank 0, which serves a
 // tcp store, waits until all have said so, so nobody loses the store while
 // still using it.
-inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int world_size,
-                                       detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank,
+                                                         int world_size,
+                                                         detail::clock::time_point deadline) {
   if (rank != 0) {
     co_await s->set(rdzv_key(rank, "departed"), "1");
     co_return;
@@ -272,8 +277,8 @@ inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank, int w
                               .detail = "these ranks had not left when the deadline passed"});
 }
 
-inline asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor executor,
-                                                        rendezvous_options options) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
+    asio::any_io_executor executor, rendezvous_options options) {
   // Bad input fails here, before any socket or file is touched.
   init_spec spec =
       parse_init_method(options.init_method, options.rank, options.world_size, options.env);

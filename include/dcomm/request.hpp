@@ -143,7 +143,7 @@ class request {
     for (auto* t : s->waiters) t->cancel();
   }
 
-  static asio::awaitable<void> wait_op(std::shared_ptr<state> s) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> wait_op(std::shared_ptr<state> s) {
     {
       std::lock_guard lock(s->mutex);
       if (s->done) {
@@ -226,7 +226,7 @@ struct request_access {
   };
   // Finishes the request itself: a completion handler could be destroyed
   // unrun along with the executor.
-  static task<void> guarded(task<void> op, guard g) {
+  DCOMM_EMIT_ON_USE static task<void> guarded(task<void> op, guard g) {
     std::exception_ptr failure;
     try {
       co_await std::move(op);

@@ -93,8 +93,8 @@ class kv_table {
   // deadline (empty on success). `wake` must run on the calling coroutine's
   // executor, which must not run handlers concurrently (an io_context run by
   // one thread, or a strand).
-  asio::awaitable<std::vector<std::string>> wait_for(std::vector<std::string> keys,
-                                                     detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::vector<std::string>> wait_for(
+      std::vector<std::string> keys, detail::clock::time_point deadline) {
     auto executor = co_await asio::this_coro::executor;
     auto timer = std::make_shared<asio::steady_timer>(executor, deadline);
     {

@@ -120,9 +120,9 @@ inline std::error_code socket_error_code(const std::error_code& ec) {
 
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
-inline asio::awaitable<ip_tcp::socket> connect_with_retry(std::string host, std::uint16_t port,
-                                                          detail::clock::time_point deadline,
-                                                          std::string operation) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<ip_tcp::socket> connect_with_retry(
+    std::string host, std::uint16_t port, detail::clock::time_point deadline,
+    std::string operation) {
   auto executor = co_await asio::this_coro::executor;
   ip_tcp::resolver resolver(executor);
   auto backoff = std::chrono::milliseconds(10);

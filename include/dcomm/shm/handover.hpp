@@ -145,7 +145,8 @@ struct server_state {
 // One connection: a real rank says who it is at once and gets the segment;
 // anything else is dropped after a short grace. Each connection is served
 // on its own, so a silent stranger delays no one.
-inline asio::awaitable<void> serve_one(std::shared_ptr<server_state> sv, unix_socket peer) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve_one(std::shared_ptr<server_state> sv,
+                                                         unix_socket peer) {
   if (!same_user(peer)) co_return;
   const auto grace = detail::clock::now() + std::chrono::seconds(2);
   try {
@@ -181,8 +182,8 @@ inline asio::awaitable<void> serve_one(std::shared_ptr<server_state> sv, unix_so
 // Hands the segment to each rank of the host that asks, until all have or
 // the start-up deadline passed (a rank that has not come by then failed
 // its start-up, and the others learn it from their links).
-inline asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
-                                   detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
+                                                     detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   auto timer = std::make_shared<asio::steady_timer>(ex, deadline);
   timer->async_wait([sv](const asio::error_code&) {
@@ -202,10 +203,9 @@ inline asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
 // The lowest rank: makes the segment, publishes where to fetch it, and
 // serves it in the background: its start-up goes on at once, so that it
 // never waits for a rank that died here (the mesh names such a rank).
-inline asio::awaitable<std::shared_ptr<server_state>> lead(std::shared_ptr<store> s,
-                                                           std::string key, std::vector<int> local,
-                                                           segment_sizes sizes,
-                                                           detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<server_state>> lead(
+    std::shared_ptr<store> s, std::string key, std::vector<int> local, segment_sizes sizes,
+    detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   auto sv = std::make_shared<server_state>(
       server_state{std::make_shared<segment>(segment::create(local.size(), sizes)),
@@ -227,9 +227,9 @@ inline asio::awaitable<std::shared_ptr<server_state>> lead(std::shared_ptr<store
 }
 
 // Any other rank: fetches the segment from the lowest.
-inline asio::awaitable<std::shared_ptr<segment>> join(std::shared_ptr<store> s, std::string key,
-                                                      int rank, std::vector<int> local,
-                                                      detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<segment>> join(
+    std::shared_ptr<store> s, std::string key, int rank, std::vector<int> local,
+    detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   const auto left = detail::time_left(deadline);
   const std::string name = co_await s->get(key, left);
@@ -271,9 +271,11 @@ inline asio::awaitable<std::shared_ptr<segment>> join(std::shared_ptr<store> s, 
 // and what failed.
 class host_segment {
  public:
-  static asio::awaitable<host_segment> open(std::shared_ptr<store> s, std::string key, int rank,
-                                            std::vector<int> local, segment_sizes sizes,
-                                            detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<host_segment> open(std::shared_ptr<store> s,
+                                                              std::string key, int rank,
+                                                              std::vector<int> local,
+                                                              segment_sizes sizes,
+                                                              detail::clock::time_point deadline) {
     std::exception_ptr failure;
     host_segment h;
     const int leader = local.front();

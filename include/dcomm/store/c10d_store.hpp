@@ -278,7 +278,7 @@ class c10d_store final : public store {
     }
   }
 
-  asio::awaitable<socket_ptr> acquire(time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<socket_ptr> acquire(time_point deadline) {
     if (!idle_.empty()) {
       auto s = std::move(idle_.back());
       idle_.pop_back();
@@ -313,7 +313,7 @@ class c10d_store final : public store {
     co_return s;
   }
 
-  asio::awaitable<socket_ptr> connect(time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<socket_ptr> connect(time_point deadline) {
     auto socket = co_await detail::connect_with_retry(options_.host, options_.port, deadline,
                                                       "c10d_store.connect");
     co_return std::make_shared<detail::ip_tcp::socket>(std::move(socket));
@@ -321,7 +321,7 @@ class c10d_store final : public store {
 
   // Sends the probe on a fresh connection: true (torch 2) when s is now
   // validated and ready; false (torch 1) when the server dropped s.
-  asio::awaitable<bool> probe(const socket_ptr& s, time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> probe(const socket_ptr& s, time_point deadline) {
     const auto probe_message = store_detail::c10d::probe_bytes();
     co_await write(s, probe_message, deadline);
     std::string reply(store_detail::c10d::probe_reply_bytes, '\0');
@@ -367,8 +367,9 @@ class c10d_store final : public store {
   // Waits until every key exists. At the deadline the connection is given
   // up (the caller closes it) and the keys still missing are named, found
   // on another connection.
-  asio::awaitable<void> wait_on(const socket_ptr& s, const std::vector<std::string>& keys,
-                                time_point deadline, const char* operation) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> wait_on(const socket_ptr& s,
+                                                  const std::vector<std::string>& keys,
+                                                  time_point deadline, const char* operation) {
     auto q = encode(query::wait);
     std::vector<std::string> full;
     for (const auto& k : keys) full.push_back(wire_key(k));
@@ -402,7 +403,8 @@ class c10d_store final : public store {
                   {.detail = "bad reply to wait: " + std::to_string(static_cast<int>(reply[0]))});
   }
 
-  asio::awaitable<std::vector<std::string>> missing_keys(std::vector<std::string> keys) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::vector<std::string>> missing_keys(
+      std::vector<std::string> keys) {
     co_return co_await transact(
         "check", store_detail::join_keys(keys),
         [&](const socket_ptr& s, time_point d) -> asio::awaitable<std::vector<std::string>> {
@@ -416,8 +418,9 @@ class c10d_store final : public store {
         });
   }
 
-  asio::awaitable<bool> check_on(const socket_ptr& s, const std::vector<std::string>& keys,
-                                 time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> check_on(const socket_ptr& s,
+                                                   const std::vector<std::string>& keys,
+                                                   time_point deadline) {
     auto q = encode(query::check);
     std::vector<std::string> full;
     for (const auto& k : keys) full.push_back(wire_key(k));
@@ -427,13 +430,15 @@ class c10d_store final : public store {
     co_return static_cast<std::uint8_t>(reply[0]) == store_detail::c10d::ready;
   }
 
-  asio::awaitable<void> write(const socket_ptr& s, const std::string& bytes, time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> write(const socket_ptr& s, const std::string& bytes,
+                                                time_point deadline) {
     const auto on_timeout = answer_timeout();
     co_await detail::with_deadline(asio::async_write(*s, asio::buffer(bytes), asio::use_awaitable),
                                    deadline, on_timeout, canceller(s));
   }
 
-  asio::awaitable<std::string> read_exact(const socket_ptr& s, std::size_t n, time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_exact(const socket_ptr& s, std::size_t n,
+                                                            time_point deadline) {
     std::string bytes(n, '\0');
     const auto on_timeout = answer_timeout();
     co_await detail::with_deadline(asio::async_read(*s, asio::buffer(bytes), asio::use_awaitable),
@@ -441,11 +446,13 @@ class c10d_store final : public store {
     co_return bytes;
   }
 
-  asio::awaitable<std::uint64_t> read_u64(const socket_ptr& s, time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::uint64_t> read_u64(const socket_ptr& s,
+                                                            time_point deadline) {
     co_return store_detail::c10d::read_u64(co_await read_exact(s, 8, deadline));
   }
 
-  asio::awaitable<std::string> read_value(const socket_ptr& s, time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_value(const socket_ptr& s,
+                                                            time_point deadline) {
     auto size = co_await read_u64(s, deadline);
     if (size > options_.max_value_bytes)
       throw_error(errc::protocol_error,

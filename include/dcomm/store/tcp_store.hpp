@@ -88,7 +88,7 @@ class tcp_store final : public store {
   // This process hosts the server and is leaving because it failed: its
   // clients are told why (`why`'s peers are whom to blame), at most for a
   // second, before the server goes. Nothing to do for a client.
-  asio::awaitable<void> leave(const dcomm::error& why) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> leave(const dcomm::error& why) {
     if (!server_) co_return;
     co_await server_->notify_leaving(why.context().peers, why.what(),
                                      detail::clock::now() + std::chrono::seconds(1));
@@ -224,12 +224,12 @@ class tcp_store final : public store {
                  (ctx.detail.empty() ? std::string() : ": " + ctx.detail);
   }
 
-  static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
-                                          detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
+                                                            detail::clock::time_point deadline) {
     co_await self->ensure_connected(deadline);
   }
 
-  asio::awaitable<void> ensure_connected(detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> ensure_connected(detail::clock::time_point deadline) {
     if (stream_) co_return;
     if (lost_) std::rethrow_exception(lost_);
     if (connecting_) {
@@ -265,7 +265,7 @@ class tcp_store final : public store {
   }
 
   // Connects and authenticates; on success the stream and its reader run.
-  asio::awaitable<void> connect_stream(detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> connect_stream(detail::clock::time_point deadline) {
     auto socket =
         co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
     detail::handshake_config config{.purpose = std::string(store_detail::store_purpose),
@@ -290,8 +290,8 @@ class tcp_store final : public store {
 
   // Holds the store weakly: a store nobody uses any more must be able to die
   // (its destructor closes the stream, which ends this loop).
-  static asio::awaitable<void> read_loop(std::weak_ptr<tcp_store> weak,
-                                         std::shared_ptr<store_detail::frame_stream> stream) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> read_loop(
+      std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream) {
     errc code = errc::peer_lost;
     error_context why;
     try {
@@ -354,9 +354,10 @@ class tcp_store final : public store {
   }
 
   // Sends one request and waits for its reply (status byte stripped).
-  asio::awaitable<std::string> request(store_detail::store_op op, detail::wire_writer args,
-                                       std::string operation, std::string key,
-                                       detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> request(store_detail::store_op op,
+                                                         detail::wire_writer args,
+                                                         std::string operation, std::string key,
+                                                         detail::clock::time_point deadline) {
     // The server would drop the connection, failing every pending operation.
     if (args.bytes().size() + store_detail::request_prefix_bytes > options_.max_frame_bytes) {
       auto ctx = context(operation, key);

@@ -74,8 +74,8 @@ class tcp_store_server {
   // The hosting process is leaving because it failed: tells every client
   // why (a notice, see notice_id), and returns once that is written or the
   // deadline passed. `peers`: whom the host's failure blames.
-  asio::awaitable<void> notify_leaving(std::string peers, std::string detail,
-                                       detail::clock::time_point deadline) {
+  DCOMM_EMIT_ON_USE asio::awaitable<void> notify_leaving(std::string peers, std::string detail,
+                                                         detail::clock::time_point deadline) {
     co_await asio::co_spawn(impl_->strand,
                             impl::notify_op(impl_, std::move(peers), std::move(detail), deadline),
                             asio::use_awaitable);
@@ -203,8 +203,9 @@ class tcp_store_server {
       });
     }
 
-    static asio::awaitable<void> notify_op(std::shared_ptr<impl> self, std::string peers,
-                                           std::string detail, detail::clock::time_point deadline) {
+    DCOMM_EMIT_ON_USE static asio::awaitable<void> notify_op(std::shared_ptr<impl> self,
+                                                             std::string peers, std::string detail,
+                                                             detail::clock::time_point deadline) {
       detail::wire_writer notice;
       notice.u64(store_detail::notice_id)
           .u8(static_cast<std::uint8_t>(store_detail::store_status::notice))
@@ -227,7 +228,7 @@ class tcp_store_server {
       }
     }
 
-    static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
+    DCOMM_EMIT_ON_USE static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
       while (!self->stopped) {
         asio::error_code ec;
         auto socket =
@@ -247,8 +248,8 @@ class tcp_store_server {
       }
     }
 
-    static asio::awaitable<void> serve(std::shared_ptr<impl> self,
-                                       std::shared_ptr<connection> conn) {
+    DCOMM_EMIT_ON_USE static asio::awaitable<void> serve(std::shared_ptr<impl> self,
+                                                         std::shared_ptr<connection> conn) {
       asio::error_code ec;
       auto endpoint = conn->socket().remote_endpoint(ec);
       std::string peer = ec ? "an unknown peer" : detail::endpoint_address(endpoint);
@@ -380,11 +381,12 @@ class tcp_store_server {
       return std::move(w.bytes());
     }
 
-    static asio::awaitable<void> answer_wait(std::shared_ptr<impl> self,
-                                             std::shared_ptr<connection> conn, std::string peer,
-                                             std::uint64_t id, store_detail::store_op op,
-                                             std::vector<std::string> keys,
-                                             std::chrono::milliseconds timeout) {
+    DCOMM_EMIT_ON_USE static asio::awaitable<void> answer_wait(std::shared_ptr<impl> self,
+                                                               std::shared_ptr<connection> conn,
+                                                               std::string peer, std::uint64_t id,
+                                                               store_detail::store_op op,
+                                                               std::vector<std::string> keys,
+                                                               std::chrono::milliseconds timeout) {
       auto deadline = detail::clock::now() + timeout;
       detail::wire_writer out;
       out.u64(id);

@@ -183,7 +183,7 @@ class call {
 
   // Not coroutines themselves: one coroutine frame less per wait. Each
   // wake-up also moves the confirmation on.
-  detail::task<void> wait(io_item& it) {
+  DCOMM_EMIT_ON_USE detail::task<void> wait(io_item& it) {
     return t_.wait(op_, [this, &it] {
       confirm();
       return it.state == item_state::done;
@@ -196,7 +196,7 @@ class call {
       return pred();
     });
   }
-  detail::task<void> wait_all() {
+  DCOMM_EMIT_ON_USE detail::task<void> wait_all() {
     return t_.wait(op_, [this] {
       confirm();
       return rounds_left_ == 0 &&

@@ -75,7 +75,7 @@ inline shm::segment_sizes checked(shm::segment_sizes sizes) {
 // Connects this rank to every peer through the store, shares memory with
 // the peers on its host (tcp/locality.hpp, shm/handover.hpp), and starts
 // the transport over the links, on the executor it is awaited from.
-inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
     std::shared_ptr<store> s, int rank, int world, mesh_options mesh, transport_options options,
     detail::clock::time_point deadline, shm_options shm = {}) {
   auto ex = co_await asio::this_coro::executor;

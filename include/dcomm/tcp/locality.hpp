@@ -93,8 +93,9 @@ inline std::int64_t clock_offset(std::string_view theirs, std::string_view mine)
 }
 
 // What a rank publishes: its host identity, then its clock.
-inline asio::awaitable<void> publish_host(std::shared_ptr<store> s, const std::string& prefix,
-                                          int rank, const std::string& host) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_host(std::shared_ptr<store> s,
+                                                            const std::string& prefix, int rank,
+                                                            const std::string& host) {
   const std::string key = prefix + "/host/" + std::to_string(rank);
   co_await s->set(key, host + "\n" + clock_to_publish());
 }
@@ -109,10 +110,9 @@ struct peers_published {
   std::vector<std::int64_t> clock_offsets;
 };
 
-inline asio::awaitable<peers_published> read_peers_published(std::shared_ptr<store> s,
-                                                             const std::string& prefix, int rank,
-                                                             int world, const std::string& mine,
-                                                             detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<peers_published> read_peers_published(
+    std::shared_ptr<store> s, const std::string& prefix, int rank, int world,
+    const std::string& mine, detail::clock::time_point deadline) {
   std::vector<std::string> ids(static_cast<std::size_t>(world));
   std::vector<std::string> clocks(static_cast<std::size_t>(world));
   const std::string my_clock = clock_to_publish();

@@ -88,9 +88,9 @@ inline std::pair<std::string, std::uint16_t> parse_address(const std::string& wh
 
 // Rank `peer`'s mesh address, read from the store. A store that failed
 // blames whom it names (its host's notice: the cause the host left for).
-inline asio::awaitable<std::string> read_address(std::shared_ptr<store> s, int rank, int peer,
-                                                 const std::string& key,
-                                                 detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_address(
+    std::shared_ptr<store> s, int rank, int peer, const std::string& key,
+    detail::clock::time_point deadline) {
   std::exception_ptr failure;
   try {
     co_return co_await s->get(key, detail::time_left(deadline));
@@ -108,10 +108,9 @@ inline constexpr auto store_recheck_interval = std::chrono::milliseconds(250);
 
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
-inline asio::awaitable<detail::ip_tcp::socket> connect_to(std::shared_ptr<store> s, int rank,
-                                                          int peer, const mesh_options& options,
-                                                          const detail::handshake_config& config,
-                                                          detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
+    std::shared_ptr<store> s, int rank, int peer, const mesh_options& options,
+    const detail::handshake_config& config, detail::clock::time_point deadline) {
   auto executor = co_await asio::this_coro::executor;
   const std::string key = options.key_prefix + "/addr/" + std::to_string(peer);
   std::string where = co_await read_address(s, rank, peer, key, deadline);
@@ -218,8 +217,9 @@ inline std::pair<tcp::fail_reason, int> cause_of(const std::exception_ptr& failu
 }
 
 // Step 1: publishes where this rank listens, for the higher ranks to read.
-inline asio::awaitable<void> publish_address(std::shared_ptr<store> s, const acceptance& st,
-                                             const mesh_options& options) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_address(std::shared_ptr<store> s,
+                                                               const acceptance& st,
+                                                               const mesh_options& options) {
   const std::string key = options.key_prefix + "/addr/" + std::to_string(st.rank);
   const std::string here =
       options.advertise_host + " " + std::to_string(st.acceptor.local_endpoint().port());
@@ -240,10 +240,9 @@ inline asio::awaitable<void> publish_address(std::shared_ptr<store> s, const acc
 // Step 2 (while the accept loop runs): connects to every lower rank in turn,
 // watching each one connected, until a connected rank is lost. Returns the
 // failure to connect, if any.
-inline asio::awaitable<std::exception_ptr> connect_down(std::shared_ptr<store> s,
-                                                        std::shared_ptr<acceptance> st,
-                                                        const mesh_options& options,
-                                                        mesh_sockets& sockets) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::exception_ptr> connect_down(
+    std::shared_ptr<store> s, std::shared_ptr<acceptance> st, const mesh_options& options,
+    mesh_sockets& sockets) {
   auto executor = co_await asio::this_coro::executor;
   std::exception_ptr failure;
   try {
@@ -323,9 +322,9 @@ inline void check_all_in(acceptance& st, mesh_sockets& sockets) {
 // Connects rank `rank` of `world` to every other rank through the store `s`
 // (see the top of this file); one deadline for all of it. On failure, every
 // peer connected so far hears why, and the error names the culprit.
-inline asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int rank, int world,
-                                                  mesh_options options,
-                                                  detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<mesh_sockets> connect_mesh(
+    std::shared_ptr<store> s, int rank, int world, mesh_options options,
+    detail::clock::time_point deadline) {
   using namespace mesh_detail;
   detail::require_crypto_for(options.job_token, "tcp mesh");
   auto executor = co_await asio::this_coro::executor;

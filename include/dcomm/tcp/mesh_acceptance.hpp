@@ -195,8 +195,8 @@ struct acceptance {
 // failed: the goodbye names the cause), or, done with its own mesh, sends a
 // first frame of its transport (alive: the watch ends). The bytes are only
 // peeked at: the transport reads them.
-inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, detail::ip_tcp::socket& socket,
-                                   int peer) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st,
+                                                     detail::ip_tcp::socket& socket, int peer) {
   st->watched.push_back(&socket);
   for (;;) {
     asio::error_code ec;
@@ -228,8 +228,8 @@ inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st, detail::ip_tc
   }
 }
 
-inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
-                                           detail::ip_tcp::socket socket) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
+                                                             detail::ip_tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
   st->silent[id] = &socket;
   asio::error_code ec;
@@ -321,7 +321,7 @@ inline bool make_room(acceptance& st) {
   return false;
 }
 
-inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
   auto executor = co_await asio::this_coro::executor;
   while (!st->finished) {
     asio::error_code ec;

@@ -52,7 +52,7 @@ class arena_call {
   }
 
   // Waits until the calls that started before this one have left.
-  detail::task<void> enter() {
+  DCOMM_EMIT_ON_USE detail::task<void> enter() {
     if (seat_.first != &op()) co_await c_.wait_until([this] { return seat_.first == &op(); });
     // Now it polls the arena while it waits (transport::wait spins).
     op().on_arena = true;
@@ -113,10 +113,10 @@ class arena_call {
     return true;
   }
   bool all_reduced() { return reached(true); }
-  detail::task<void> wait_arrived() {
+  DCOMM_EMIT_ON_USE detail::task<void> wait_arrived() {
     return c_.wait_until([this] { return all_arrived(); });
   }
-  detail::task<void> wait_reduced() {
+  DCOMM_EMIT_ON_USE detail::task<void> wait_reduced() {
     return c_.wait_until([this] { return reached(true); });
   }
 

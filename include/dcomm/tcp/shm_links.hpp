@@ -161,7 +161,7 @@ inline void transport::shm_write(int peer) {
 // Reading: waits until the ring from the peer holds bytes; throws once
 // the link is closed here (operation_aborted) or the peer is gone and
 // everything it wrote has been read (eof), as a socket read would.
-inline detail::task<void> transport::shm_readable(peer_link& l) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::shm_readable(peer_link& l) {
   asio::steady_timer wake(l.socket.get_executor(), detail::clock::time_point::max());
   struct forget {
     peer_link& l;
@@ -247,7 +247,8 @@ inline bool transport::poll_shm(const op_state* spinner) {
 
 // Nothing is written to the socket of a shared memory link: it becomes
 // readable only when the peer closes it or dies.
-inline detail::task<void> transport::watch_shm_peer(std::shared_ptr<transport> self, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::watch_shm_peer(
+    std::shared_ptr<transport> self, int peer) {
   peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
   auto [ec] = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
   // A peer that left start-up before its transport ran said why on the
@@ -291,7 +292,8 @@ inline void transport::leave_start_up(const std::exception_ptr& failure) {
 // it finds it asleep and writes its eventfd, which wakes this coroutine.
 // The descriptor lives in this frame (an I/O object must not outlive its
 // io_context, and the transport may); close_bell_if_unused closes it.
-inline detail::task<void> transport::listen_bell(std::shared_ptr<transport> self) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::listen_bell(
+    std::shared_ptr<transport> self) {
   const auto me = static_cast<std::size_t>(self->shm_me_);
   const int fd = ::dup(self->shm_->bell_fds()[me]);
   if (fd < 0) co_return;  // out of descriptors: peers' writes are still seen when polling

@@ -195,9 +195,9 @@ class staging {
  private:
   // Until `n` copies of the batch are done (or skipped); a failed copy is
   // rethrown unless `rethrow` is false.
-  detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
-                                 detail::clock::time_point deadline, const char* operation,
-                                 bool rethrow = true) {
+  DCOMM_EMIT_ON_USE detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
+                                                   detail::clock::time_point deadline,
+                                                   const char* operation, bool rethrow = true) {
     asio::steady_timer timer(ex_);
     b.waiter = &timer;
     struct unhook {

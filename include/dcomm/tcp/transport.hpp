@@ -288,7 +288,7 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Fails the op (if it has not failed), takes back its items and waits
   // until no socket operation references them; then throws the failure.
-  detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
+  DCOMM_EMIT_ON_USE detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
     if (!op.failure)
       op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
     if (op.collective && !op.notified) notify_group(op);
@@ -409,10 +409,10 @@ class transport : public std::enable_shared_from_this<transport> {
   io_item* take_posted(peer_link& l, const match_key& key);
   bool keep_unexpected(int peer, const wire_header& h);
   static bool from_stage(peer_link& l, void* dst, std::size_t n);
-  detail::task<void> fill(peer_link& l, std::size_t n, bool exact = false);
-  detail::task<void> read_payload(peer_link& l, char* dst, std::size_t n);
-  static detail::task<void> reader(std::shared_ptr<transport> self, int peer);
-  detail::task<void> read_frames(peer_link& l, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> fill(peer_link& l, std::size_t n, bool exact = false);
+  DCOMM_EMIT_ON_USE detail::task<void> read_payload(peer_link& l, char* dst, std::size_t n);
+  DCOMM_EMIT_ON_USE static detail::task<void> reader(std::shared_ptr<transport> self, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> read_frames(peer_link& l, int peer);
   wire_header take_header(peer_link& l, int peer) const;
   // Where an eager or data frame's payload goes: into a receive's buffer at
   // its `arrived` (item, dst), into an unexpected message (msg, dst), or
@@ -429,7 +429,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void on_control_frame(peer_link& l, int peer, const wire_header& h);
   void on_rts(peer_link& l, int peer, const wire_header& h);
   void on_cts(peer_link& l, int peer, const wire_header& h);
-  detail::task<bool> read_into(peer_link& l, io_item& it, std::size_t bytes);
+  DCOMM_EMIT_ON_USE detail::task<bool> read_into(peer_link& l, io_item& it, std::size_t bytes);
   // How much a payload read may take at once before it checks whether its
   // receive was cancelled.
   static constexpr std::size_t read_piece = std::size_t{1} << 20;
@@ -463,11 +463,12 @@ class transport : public std::enable_shared_from_this<transport> {
   void post_whereabouts(const op_state* left);
   std::string board_whereabouts(int peer, const op_state& op) const;
   void shm_write(int peer);
-  detail::task<void> shm_readable(peer_link& l);
+  DCOMM_EMIT_ON_USE detail::task<void> shm_readable(peer_link& l);
   bool poll_shm(const op_state* spinner = nullptr);
   bool read_eager_inline(peer_link& l, int peer, const op_state* spinner);
-  static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self, int peer);
-  static detail::task<void> listen_bell(std::shared_ptr<transport> self);
+  DCOMM_EMIT_ON_USE static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self,
+                                                             int peer);
+  DCOMM_EMIT_ON_USE static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
   bool spin_shm(const op_state& spinner, Pred pred);
   void settle_bell();

@@ -238,9 +238,9 @@ inline void mpi_backend::fail(int code, const op_context& ctx, const char* opera
                                    : "MPI failed: " + mpi::error_string(code)});
 }
 
-inline detail::task<void> mpi_backend::wait(MPI_Request* requests, int n, const op_context& ctx,
-                                            const char* operation, MPI_Status* statuses,
-                                            std::string peers) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::wait(
+    MPI_Request* requests, int n, const op_context& ctx, const char* operation,
+    MPI_Status* statuses, std::string peers) {
   auto test = [&] {
     int done = 0;
     const int rc = MPI_Testall(n, requests, &done, statuses ? statuses : MPI_STATUSES_IGNORE);
@@ -317,8 +317,8 @@ inline void mpi_backend::timed_out(MPI_Request* requests, int n, bool receives_o
                          std::string(cancelled ? " (the receive was cancelled)" : "")});
 }
 
-inline detail::task<void> mpi_backend::check_signature(const op_context& ctx, const char* operation,
-                                                       std::uint64_t signature) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::check_signature(
+    const op_context& ctx, const char* operation, std::uint64_t signature) {
   if (!o_.check_calls) co_return;
   std::uint64_t words[2] = {signature, ~signature};
   MPI_Request request = MPI_REQUEST_NULL;

@@ -57,7 +57,9 @@ inline void check_tag(std::uint64_t tag, int tag_ub, const char* operation) {
 
 }  // namespace mpi
 
-inline detail::task<void> mpi_backend::send(op_context ctx, const_tensor_view in, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::send(op_context ctx,
+                                                                         const_tensor_view in,
+                                                                         int peer) {
   check_alive(ctx, "send");
   mpi::check_tag(ctx.seq, tag_ub_, "send");
   const int bytes = mpi::count_of(in.bytes(), "send", "byte count");
@@ -69,7 +71,9 @@ inline detail::task<void> mpi_backend::send(op_context ctx, const_tensor_view in
                 "rank " + std::to_string(ctx.group->ranks[static_cast<std::size_t>(peer)]));
 }
 
-inline detail::task<void> mpi_backend::recv(op_context ctx, tensor_view out, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::recv(op_context ctx,
+                                                                         tensor_view out,
+                                                                         int peer) {
   check_alive(ctx, "recv");
   mpi::check_tag(ctx.seq, tag_ub_, "recv");
   const int bytes = mpi::count_of(out.bytes(), "recv", "byte count");
@@ -92,7 +96,7 @@ inline detail::task<void> mpi_backend::recv(op_context ctx, tensor_view out, int
                            std::to_string(bytes) + " bytes"});
 }
 
-inline detail::task<void> mpi_backend::barrier(op_context ctx) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_context ctx) {
   check_alive(ctx, "barrier");
   co_await check_signature(ctx, "barrier", mpi::signature(mpi::call_kind::barrier));
   MPI_Request request = MPI_REQUEST_NULL;
@@ -100,7 +104,9 @@ inline detail::task<void> mpi_backend::barrier(op_context ctx) {
   co_await wait(&request, 1, ctx, "barrier");
 }
 
-inline detail::task<void> mpi_backend::broadcast(op_context ctx, tensor_view buf, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::broadcast(op_context ctx,
+                                                                              tensor_view buf,
+                                                                              int root) {
   check_alive(ctx, "broadcast");
   const int count = mpi::count_of(buf.count, "broadcast");
   co_await check_signature(ctx, "broadcast",
@@ -112,8 +118,10 @@ inline detail::task<void> mpi_backend::broadcast(op_context ctx, tensor_view buf
   co_await wait(&request, 1, ctx, "broadcast");
 }
 
-inline detail::task<void> mpi_backend::reduce(op_context ctx, const_tensor_view in, tensor_view out,
-                                              reducer r, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce(op_context ctx,
+                                                                           const_tensor_view in,
+                                                                           tensor_view out,
+                                                                           reducer r, int root) {
   check_alive(ctx, "reduce");
   const int count = mpi::count_of(in.count, "reduce");
   co_await check_signature(ctx, "reduce",
@@ -129,8 +137,10 @@ inline detail::task<void> mpi_backend::reduce(op_context ctx, const_tensor_view 
   if (is_root) r.finish(out.data, out.count, ctx.group->size());
 }
 
-inline detail::task<void> mpi_backend::all_reduce(op_context ctx, const_tensor_view in,
-                                                  tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(op_context ctx,
+                                                                               const_tensor_view in,
+                                                                               tensor_view out,
+                                                                               reducer r) {
   check_alive(ctx, "all_reduce");
   const int count = mpi::count_of(out.count, "all_reduce");
   co_await check_signature(
@@ -147,8 +157,10 @@ inline detail::task<void> mpi_backend::all_reduce(op_context ctx, const_tensor_v
 }
 
 // in: n blocks (root only); out: one block (on the root, perhaps in's own).
-inline detail::task<void> mpi_backend::scatter(op_context ctx, const_tensor_view in,
-                                               tensor_view out, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::scatter(op_context ctx,
+                                                                            const_tensor_view in,
+                                                                            tensor_view out,
+                                                                            int root) {
   check_alive(ctx, "scatter");
   const int count = mpi::count_of(out.count, "scatter");
   co_await check_signature(ctx, "scatter",
@@ -166,8 +178,10 @@ inline detail::task<void> mpi_backend::scatter(op_context ctx, const_tensor_view
 }
 
 // in: one block (on the root, perhaps out's own); out: n blocks (root only).
-inline detail::task<void> mpi_backend::gather(op_context ctx, const_tensor_view in, tensor_view out,
-                                              int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::gather(op_context ctx,
+                                                                           const_tensor_view in,
+                                                                           tensor_view out,
+                                                                           int root) {
   check_alive(ctx, "gather");
   const int count = mpi::count_of(in.count, "gather");
   co_await check_signature(ctx, "gather",
@@ -185,8 +199,9 @@ inline detail::task<void> mpi_backend::gather(op_context ctx, const_tensor_view 
   co_await wait(&request, 1, ctx, "gather");
 }
 
-inline detail::task<void> mpi_backend::all_gather(op_context ctx, const_tensor_view in,
-                                                  tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_gather(op_context ctx,
+                                                                               const_tensor_view in,
+                                                                               tensor_view out) {
   check_alive(ctx, "all_gather");
   const int count = mpi::count_of(in.count, "all_gather");
   co_await check_signature(ctx, "all_gather",
@@ -204,8 +219,8 @@ inline detail::task<void> mpi_backend::all_gather(op_context ctx, const_tensor_v
 
 // in: n blocks; out: one block, which may be one of in's (then the result
 // is made apart and copied: MPI's buffers may not overlap).
-inline detail::task<void> mpi_backend::reduce_scatter(op_context ctx, const_tensor_view in,
-                                                      tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce_scatter(
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   check_alive(ctx, "reduce_scatter");
   const int count = mpi::count_of(out.count, "reduce_scatter");
   co_await check_signature(
@@ -226,8 +241,9 @@ inline detail::task<void> mpi_backend::reduce_scatter(op_context ctx, const_tens
   r.finish(out.data, out.count, ctx.group->size());
 }
 
-inline detail::task<void> mpi_backend::all_to_all(op_context ctx, const_tensor_view in,
-                                                  tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_to_all(op_context ctx,
+                                                                               const_tensor_view in,
+                                                                               tensor_view out) {
   check_alive(ctx, "all_to_all");
   const std::size_t block = in.count / static_cast<std::size_t>(ctx.group->size());
   const int count = mpi::count_of(block, "all_to_all");
@@ -241,9 +257,8 @@ inline detail::task<void> mpi_backend::all_to_all(op_context ctx, const_tensor_v
   co_await wait(&request, 1, ctx, "all_to_all");
 }
 
-inline detail::task<std::vector<std::size_t>> mpi_backend::all_gather_v(op_context ctx,
-                                                                        const_tensor_view in,
-                                                                        output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
+mpi_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator alloc) {
   check_alive(ctx, "all_gather_v");
   const std::size_t n = static_cast<std::size_t>(ctx.group->size());
   mpi::count_of(in.count, "all_gather_v");
@@ -274,9 +289,9 @@ inline detail::task<std::vector<std::size_t>> mpi_backend::all_gather_v(op_conte
   co_return counts;
 }
 
-inline detail::task<std::vector<std::size_t>> mpi_backend::all_to_all_v(
-    op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
-    output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
+mpi_backend::all_to_all_v(op_context ctx, const_tensor_view in,
+                          std::vector<std::size_t> send_counts, output_allocator alloc) {
   check_alive(ctx, "all_to_all_v");
   const std::size_t n = static_cast<std::size_t>(ctx.group->size());
   std::vector<int> send_sizes(n), send_offsets(n), recv_sizes(n), recv_offsets(n);

@@ -49,7 +49,9 @@ inline void nccl_backend::check_tensor(const const_tensor_view& v, const char* o
   static_cast<void>(nccl::data_type(v.type));
 }
 
-inline detail::task<void> nccl_backend::send(op_context ctx, const_tensor_view in, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::send(op_context ctx,
+                                                                          const_tensor_view in,
+                                                                          int peer) {
   check_tag(ctx, "send");
   co_await run(ctx, "send", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
@@ -57,7 +59,9 @@ inline detail::task<void> nccl_backend::send(op_context ctx, const_tensor_view i
   });
 }
 
-inline detail::task<void> nccl_backend::recv(op_context ctx, tensor_view out, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::recv(op_context ctx,
+                                                                          tensor_view out,
+                                                                          int peer) {
   check_tag(ctx, "recv");
   co_await run(ctx, "recv", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
@@ -65,13 +69,15 @@ inline detail::task<void> nccl_backend::recv(op_context ctx, tensor_view out, in
   });
 }
 
-inline detail::task<void> nccl_backend::barrier(op_context ctx) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::barrier(op_context ctx) {
   co_await run(ctx, "barrier", sizeof(float), [&](group& g, cudaStream_t s, nccl::staging&) {
     return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
   });
 }
 
-inline detail::task<void> nccl_backend::broadcast(op_context ctx, tensor_view buf, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::broadcast(op_context ctx,
+                                                                               tensor_view buf,
+                                                                               int root) {
   co_await run(ctx, "broadcast", buf.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (buf.count == 0) return ncclSuccess;
     void* d = st.out(buf, g.rank == root);
@@ -79,8 +85,10 @@ inline detail::task<void> nccl_backend::broadcast(op_context ctx, tensor_view bu
   });
 }
 
-inline detail::task<void> nccl_backend::reduce(op_context ctx, const_tensor_view in,
-                                               tensor_view out, reducer r, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce(op_context ctx,
+                                                                            const_tensor_view in,
+                                                                            tensor_view out,
+                                                                            reducer r, int root) {
   co_await run(ctx, "reduce", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const void* src = st.in(in);
@@ -90,8 +98,8 @@ inline detail::task<void> nccl_backend::reduce(op_context ctx, const_tensor_view
   });
 }
 
-inline detail::task<void> nccl_backend::all_reduce(op_context ctx, const_tensor_view in,
-                                                   tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_reduce(
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   co_await run(ctx, "all_reduce", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const bool in_place = in.data == out.data;
@@ -102,16 +110,16 @@ inline detail::task<void> nccl_backend::all_reduce(op_context ctx, const_tensor_
   });
 }
 
-inline detail::task<void> nccl_backend::all_gather(op_context ctx, const_tensor_view in,
-                                                   tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_gather(
+    op_context ctx, const_tensor_view in, tensor_view out) {
   co_await run(ctx, "all_gather", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     return ncclAllGather(st.in(in), st.out(out), in.count, nccl::data_type(in.type), g.comm, s);
   });
 }
 
-inline detail::task<void> nccl_backend::reduce_scatter(op_context ctx, const_tensor_view in,
-                                                       tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce_scatter(
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   co_await run(ctx, "reduce_scatter", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
     return ncclReduceScatter(st.in(in), st.out(out), out.count, nccl::data_type(out.type),
@@ -119,8 +127,10 @@ inline detail::task<void> nccl_backend::reduce_scatter(op_context ctx, const_ten
   });
 }
 
-inline detail::task<void> nccl_backend::scatter(op_context ctx, const_tensor_view in,
-                                                tensor_view out, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::scatter(op_context ctx,
+                                                                             const_tensor_view in,
+                                                                             tensor_view out,
+                                                                             int root) {
   co_await run(ctx, "scatter", std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = out.bytes();
@@ -136,8 +146,10 @@ inline detail::task<void> nccl_backend::scatter(op_context ctx, const_tensor_vie
                });
 }
 
-inline detail::task<void> nccl_backend::gather(op_context ctx, const_tensor_view in,
-                                               tensor_view out, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::gather(op_context ctx,
+                                                                            const_tensor_view in,
+                                                                            tensor_view out,
+                                                                            int root) {
   co_await run(ctx, "gather", std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = in.bytes();
@@ -153,8 +165,8 @@ inline detail::task<void> nccl_backend::gather(op_context ctx, const_tensor_view
                });
 }
 
-inline detail::task<void> nccl_backend::all_to_all(op_context ctx, const_tensor_view in,
-                                                   tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_to_all(
+    op_context ctx, const_tensor_view in, tensor_view out) {
   co_await run(ctx, "all_to_all", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     const std::size_t block = out.bytes() / unsigned(g.size);
     char* dst = static_cast<char*>(st.out(out, in.data == out.data));
@@ -175,9 +187,8 @@ inline detail::task<void> nccl_backend::all_to_all(op_context ctx, const_tensor_
   });
 }
 
-inline detail::task<std::vector<std::size_t>> nccl_backend::all_gather_v(op_context ctx,
-                                                                         const_tensor_view in,
-                                                                         output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
+nccl_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator alloc) {
   no_stream(ctx, "all_gather_v");
   std::int64_t mine = static_cast<std::int64_t>(in.count);
   std::vector<std::int64_t> all(static_cast<std::size_t>(ctx.group->size()));
@@ -205,9 +216,9 @@ inline detail::task<std::vector<std::size_t>> nccl_backend::all_gather_v(op_cont
   co_return counts;
 }
 
-inline detail::task<std::vector<std::size_t>> nccl_backend::all_to_all_v(
-    op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
-    output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
+nccl_backend::all_to_all_v(op_context ctx, const_tensor_view in,
+                           std::vector<std::size_t> send_counts, output_allocator alloc) {
   no_stream(ctx, "all_to_all_v");
   std::vector<std::int64_t> sending(send_counts.begin(), send_counts.end());
   std::vector<std::int64_t> coming(sending.size());

@@ -17,8 +17,8 @@
 
 namespace dcomm {
 
-inline detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g, const op_context& ctx,
-                                                 const char* operation, std::size_t bytes) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::wait_gpu(
+    cudaEvent_t ev, group& g, const op_context& ctx, const char* operation, std::size_t bytes) {
   const auto start = detail::clock::now();
   detail::clock::duration poll = o_.spin;
   if (o_.spin > detail::clock::duration::zero()) {
@@ -63,10 +63,9 @@ inline detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g, const
     g.estimate.finished(operation, bytes, detail::clock::now() - start);
 }
 
-inline detail::task<void> nccl_backend::sleep_until_passed(cudaEvent_t ev, group& g,
-                                                           const op_context& ctx,
-                                                           const char* operation,
-                                                           asio::steady_timer& timer) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::sleep_until_passed(
+    cudaEvent_t ev, group& g, const op_context& ctx, const char* operation,
+    asio::steady_timer& timer) {
   sleepers_.push_back(&timer);
   struct unhook {
     nccl_backend& b;
@@ -83,9 +82,9 @@ inline detail::task<void> nccl_backend::sleep_until_passed(cudaEvent_t ev, group
   }
 }
 
-inline detail::task<void> nccl_backend::watch(std::shared_ptr<nccl_backend> self, cudaEvent_t ev,
-                                              std::uint64_t group_id, op_context ctx,
-                                              const char* operation) {
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::watch(
+    std::shared_ptr<nccl_backend> self, cudaEvent_t ev, std::uint64_t group_id, op_context ctx,
+    const char* operation) {
   pooled_event held(*self, ev);
   auto it = self->groups_.find(group_id);
   if (it == self->groups_.end()) co_return;

@@ -82,7 +82,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
 
   // Reads one frame body. Its memory grows with the bytes that arrive, not
   // with the length the peer announces.
-  asio::awaitable<std::string> read_frame() {
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_frame() {
     give_back(inbound_);  // the previous frame has been handled
     inbound_ = 0;
     try {
@@ -207,8 +207,8 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
 
   // One timer per connection, not one per frame: it wakes at the deadline
   // of the frame in progress, or polls every frame_timeout while idle.
-  static asio::awaitable<void> watch(std::weak_ptr<frame_stream> weak,
-                                     std::shared_ptr<asio::steady_timer> timer) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> watch(std::weak_ptr<frame_stream> weak,
+                                                       std::shared_ptr<asio::steady_timer> timer) {
     for (;;) {
       asio::error_code ec;
       co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -240,7 +240,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
            " ms)";
   }
 
-  static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self) {
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self) {
     while (!self->closed_ && !self->outbox_.empty()) {
       // Out of the queue before the write: close() may clear the queue
       // while the write is in flight, and the bytes under it must stay.

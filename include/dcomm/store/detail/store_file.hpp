@@ -71,8 +71,9 @@ class locked_file {
 };
 
 // Sleeps for d, but not past the deadline: the backoff of a retry or a poll.
-inline asio::awaitable<void> wait_backoff(asio::steady_timer& timer, detail::clock::duration d,
-                                          detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> wait_backoff(asio::steady_timer& timer,
+                                                            detail::clock::duration d,
+                                                            detail::clock::time_point deadline) {
   timer.expires_at(std::min(detail::clock::now() + d, deadline));
   co_await timer.async_wait(asio::use_awaitable);
 }
@@ -161,8 +162,9 @@ class store_file {
 
   // The file, locked: retried with backoff until the deadline, then
   // errc::timeout naming `keys` (the operation's).
-  asio::awaitable<locked_file> acquire(lock_kind kind, detail::clock::time_point deadline,
-                                       const char* op, std::string keys) const {
+  DCOMM_EMIT_ON_USE asio::awaitable<locked_file> acquire(lock_kind kind,
+                                                         detail::clock::time_point deadline,
+                                                         const char* op, std::string keys) const {
     auto backoff = lock_backoff_start;
     std::optional<asio::steady_timer> timer;
     for (;;) {

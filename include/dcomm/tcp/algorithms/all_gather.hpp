@@ -16,8 +16,8 @@
 namespace dcomm::tcp {
 
 // out holds n blocks of `count`; in may be out's block r (in place).
-inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, std::size_t count,
-                                            std::size_t es) {
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_gather(call& c, const void* in, void* out,
+                                                              std::size_t count, std::size_t es) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -30,8 +30,9 @@ inline detail::task<void> direct_all_gather(call& c, const void* in, void* out, 
   co_return;
 }
 
-inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, std::size_t count,
-                                          std::size_t es, std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather(call& c, const void* in, void* out,
+                                                            std::size_t count, std::size_t es,
+                                                            std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -43,7 +44,7 @@ inline detail::task<void> ring_all_gather(call& c, const void* in, void* out, st
 }
 
 // Step 0: counts; step 1: data.
-inline detail::task<std::vector<std::size_t>> exchange_counts(
+DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> exchange_counts(
     call& c, const std::vector<std::uint64_t>& mine_per_peer) {
   const int n = c.size(), r = c.rank();
   std::vector<std::uint64_t> theirs(static_cast<std::size_t>(n), 0);
@@ -60,8 +61,8 @@ inline detail::task<std::vector<std::size_t>> exchange_counts(
   co_return std::vector<std::size_t>(theirs.begin(), theirs.end());
 }
 
-inline detail::task<std::vector<std::size_t>> direct_all_gather_v(call& c, const_tensor_view in,
-                                                                  const output_allocator& alloc) {
+DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_gather_v(
+    call& c, const_tensor_view in, const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
   const std::size_t es = size_of(in.type);
   std::vector<std::uint64_t> mine(static_cast<std::size_t>(n), in.count);

@@ -14,7 +14,8 @@
 namespace dcomm::tcp {
 
 // in, out: n blocks of `bytes`; they do not overlap.
-inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out, std::size_t bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out,
+                                                              std::size_t bytes) {
   const int n = c.size(), r = c.rank();
   for (int i = 1; i < n; ++i) {
     const int p = mod(r - i, n);
@@ -31,7 +32,7 @@ inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out, 
 }
 
 // send_counts[p]: elements of `in` (in rank order) for rank p.
-inline detail::task<std::vector<std::size_t>> direct_all_to_all_v(
+DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_to_all_v(
     call& c, const_tensor_view in, const std::vector<std::size_t>& send_counts,
     const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();

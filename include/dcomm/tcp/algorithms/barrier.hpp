@@ -7,7 +7,7 @@
 
 namespace dcomm::tcp {
 
-inline detail::task<void> dissemination_barrier(call& c) {
+DCOMM_EMIT_ON_USE inline detail::task<void> dissemination_barrier(call& c) {
   const int n = c.size(), r = c.rank();
   std::uint32_t round = 0;
   for (int distance = 1; distance < n; distance <<= 1, ++round) {

@@ -9,7 +9,8 @@
 
 namespace dcomm::tcp {
 
-inline detail::task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> binomial_broadcast(call& c, void* buf,
+                                                               std::size_t bytes, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   int mask = 1;
   while (mask < n) {
@@ -26,8 +27,9 @@ inline detail::task<void> binomial_broadcast(call& c, void* buf, std::size_t byt
 // One link of a chain: receives each chunk from `prev` (-1: this rank is
 // the root) and passes it on to `next` (-1: the chain's end) as soon as it
 // has arrived. Ranks as the call counts them (its view, if one is set).
-inline detail::task<void> chain_relay(call& c, void* buf, std::size_t bytes, int prev, int next,
-                                      std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> chain_relay(call& c, void* buf, std::size_t bytes,
+                                                        int prev, int next,
+                                                        std::size_t chunk_bytes) {
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   item_slots slots(c);
   io_item** recvs = slots.get(chunks);
@@ -46,8 +48,8 @@ inline detail::task<void> chain_relay(call& c, void* buf, std::size_t bytes, int
 }
 
 // Not a coroutine itself: the relay is the call's only frame.
-inline detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes, int root,
-                                          std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes,
+                                                            int root, std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   return chain_relay(c, buf, bytes, v > 0 ? mod(v - 1 + root, n) : -1,
                      v + 1 < n ? mod(v + 1 + root, n) : -1, chunk_bytes);

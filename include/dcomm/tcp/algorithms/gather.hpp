@@ -9,8 +9,8 @@
 namespace dcomm::tcp {
 
 // out (root only) holds n blocks of `count`.
-inline detail::task<void> direct_gather(call& c, const void* in, void* out, std::size_t bytes,
-                                        int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_gather(call& c, const void* in, void* out,
+                                                          std::size_t bytes, int root) {
   const int n = c.size(), r = c.rank();
   if (r != root) {
     c.send(root, 0, in, bytes);

@@ -82,8 +82,9 @@ inline reducer combining_only(const reducer& op) {
 }
 
 // In place on `buf`, among the view's ranks; not finished.
-inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count, std::size_t es,
-                                          const reducer& partial, const hierarchy_tuning& t) {
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
+                                                            std::size_t es, const reducer& partial,
+                                                            const hierarchy_tuning& t) {
   if (c.size() <= 1) co_return;
   if (count * es <= t.small_all_reduce || count < static_cast<std::size_t>(c.size()))
     co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
@@ -91,9 +92,9 @@ inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
     co_await ring_all_reduce(c, nullptr, buf, count, es, partial, t.chunk_bytes);
 }
 
-inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const void* in,
-                                                  void* out, std::size_t count, std::size_t es,
-                                                  const reducer& op, const hierarchy_tuning& t) {
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(
+    call& c, const host_layout& h, const void* in, void* out, std::size_t count, std::size_t es,
+    const reducer& op, const hierarchy_tuning& t) {
   const reducer partial = combining_only(op);
   const std::size_t bytes = count * es;
   const int local = static_cast<int>(h.local.size());
@@ -144,8 +145,8 @@ inline detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h,
 }
 
 // Among the view's ranks, by size as the flat broadcast chooses.
-inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes, int root,
-                                         const hierarchy_tuning& t) {
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes,
+                                                           int root, const hierarchy_tuning& t) {
   if (c.size() <= 1) co_return;
   if (bytes <= t.small_broadcast)
     co_await binomial_broadcast(c, buf, bytes, root);
@@ -186,9 +187,10 @@ inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root,
   return {prev, next};
 }
 
-inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
-                                                 std::size_t bytes, int root,
-                                                 const hierarchy_tuning& t) {
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h,
+                                                                   void* buf, std::size_t bytes,
+                                                                   int root,
+                                                                   const hierarchy_tuning& t) {
   if (bytes > t.small_broadcast) {
     const auto [prev, next] = host_chain_neighbours(h, root, c.rank());
     co_await chain_relay(c, buf, bytes, prev, next, t.chunk_bytes);
@@ -210,7 +212,7 @@ inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, 
   }
 }
 
-inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
   const int local = static_cast<int>(h.local.size());
   const bool leader = h.local_rank == 0;
   {

@@ -12,8 +12,9 @@
 namespace dcomm::tcp {
 
 // out is used on the root only (it may equal in: in place).
-inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, std::size_t count,
-                                          std::size_t es, const reducer& op, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> binomial_reduce(call& c, const void* in, void* out,
+                                                            std::size_t count, std::size_t es,
+                                                            const reducer& op, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
   scratch acc_memory(c), other_memory(c);
@@ -34,9 +35,10 @@ inline detail::task<void> binomial_reduce(call& c, const void* in, void* out, st
   op.finish(acc, count, n);
 }
 
-inline detail::task<void> chain_reduce(call& c, const void* in, void* out, std::size_t count,
-                                       std::size_t es, const reducer& op, int root,
-                                       std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> chain_reduce(call& c, const void* in, void* out,
+                                                         std::size_t count, std::size_t es,
+                                                         const reducer& op, int root,
+                                                         std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;

@@ -13,9 +13,10 @@
 namespace dcomm::tcp {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out,
-                                                std::size_t count, std::size_t es,
-                                                const reducer& op) {
+DCOMM_EMIT_ON_USE inline detail::task<void> direct_reduce_scatter(call& c, const void* in,
+                                                                  void* out, std::size_t count,
+                                                                  std::size_t es,
+                                                                  const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   scratch tmp(c);
@@ -36,9 +37,10 @@ inline detail::task<void> direct_reduce_scatter(call& c, const void* in, void* o
   op.finish(out, count, n);
 }
 
-inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out, std::size_t count,
-                                              std::size_t es, const reducer& op,
-                                              std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out,
+                                                                std::size_t count, std::size_t es,
+                                                                const reducer& op,
+                                                                std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   ring_shape shape(

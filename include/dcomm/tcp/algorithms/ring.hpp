@@ -52,9 +52,8 @@ struct ring_shape {
 // Reduce-scatter into `out` (every block of it may be written). `in` holds
 // this rank's contribution; in == nullptr means it is already in `out`
 // (in place), and `scratch_buffer` receives. Steps [0, world-1) of the call.
-inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape,
-                                                    const void* in, void* out, const reducer& op,
-                                                    scratch& tmp) {
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter_phase(
+    call& c, const ring_shape& shape, const void* in, void* out, const reducer& op, scratch& tmp) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
   const std::size_t es = shape.element_size;
@@ -91,8 +90,9 @@ inline detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& s
 
 // All-gather in place on `out`, whose block r is this rank's. Steps
 // [first_step, first_step + (world-1) * chunks) of the call.
-inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape, void* out,
-                                                std::size_t first_round) {
+DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape,
+                                                                  void* out,
+                                                                  std::size_t first_round) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
   const std::size_t es = shape.element_size;

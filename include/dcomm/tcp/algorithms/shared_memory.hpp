@@ -34,7 +34,7 @@ inline constexpr std::size_t one_pass_reduce = 16 * 1024;
 // messages, 128 KiB 139-156 us against 37-57).
 inline constexpr std::size_t arena_reduce_limit = 64 * 1024;
 
-inline detail::task<void> shm_barrier(call& c) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
   arena_call a(c);
   co_await a.enter();
   a.begin_step();
@@ -42,7 +42,8 @@ inline detail::task<void> shm_barrier(call& c) {
   if (!a.all_arrived()) co_await a.wait_arrived();
 }
 
-inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes,
+                                                          int root) {
   arena_call a(c);
   co_await a.enter();
   const bool is_root = c.rank() == root;
@@ -59,7 +60,8 @@ inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes, 
 }
 
 // in: `bytes` per rank; out: every rank's, in rank order.
-inline detail::task<void> shm_all_gather(call& c, const void* in, void* out, std::size_t bytes) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* in, void* out,
+                                                           std::size_t bytes) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size();
@@ -84,8 +86,9 @@ inline detail::task<void> shm_all_gather(call& c, const void* in, void* out, std
 
 // in: this rank's `count` elements; out: the root's result (only the root's
 // is written).
-inline detail::task<void> shm_reduce(call& c, const void* in, void* out, std::size_t count,
-                                     std::size_t es, const reducer& op, int root) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, void* out,
+                                                       std::size_t count, std::size_t es,
+                                                       const reducer& op, int root) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size();
@@ -108,8 +111,9 @@ inline detail::task<void> shm_reduce(call& c, const void* in, void* out, std::si
   } while (first < count);
 }
 
-inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out, std::size_t count,
-                                         std::size_t es, const reducer& op) {
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out,
+                                                           std::size_t count, std::size_t es,
+                                                           const reducer& op) {
   arena_call a(c);
   co_await a.enter();
   const int n = c.size(), r = c.rank();
