@@ -1,15 +1,12 @@
-// The CPU backend: ranks of one host talk through shared memory, ranks of
-// different hosts over TCP (a full mesh of authenticated sockets, one per
-// pair of ranks, shared by every group); framed messages matched by group,
-// tag or sequence number; the collective algorithms in tcp/algorithms/.
-// Use it through communicator<cpu_backend> (communicator.hpp). Its parts
-// are in tcp/ (the links and the algorithms; the folder is named for the
-// backend's first transport) and shm/ (the host's segment): the start
-// (tcp/connect.hpp), the choice of algorithm (tcp/tuning.hpp), the staging
-// of CUDA tensors (tcp/staging.hpp), one call in progress (tcp/call.hpp)
-// and the transport under it all (tcp/transport.hpp). It was named
-// tcp_backend before it had shared memory: dcomm/tcp_backend.hpp keeps that
-// name as an alias.
+// The CPU backend: ranks of one host talk through shared memory, ranks of different hosts
+// over TCP (a full mesh of authenticated sockets, one per pair of ranks, shared by every
+// group); framed messages matched by group, tag or sequence number. Use it through
+// communicator<cpu_backend> (communicator.hpp). Its parts are in tcp/ (the links and the
+// algorithms; the folder is named for the backend's first transport) and shm/ (the host's
+// segment): the start (tcp/connect.hpp), the choice of algorithm (tcp/tuning.hpp), the
+// algorithms (tcp/algorithms/), the staging of CUDA tensors (tcp/staging.hpp), one call in
+// progress (tcp/call.hpp) and the transport under it all (tcp/transport.hpp). It was named
+// tcp_backend before it had shared memory: dcomm/tcp_backend.hpp keeps that name as an alias.
 #pragma once
 
 #include <algorithm>
