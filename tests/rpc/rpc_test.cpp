@@ -26,6 +26,8 @@
 
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
+#include "support/fork_world.hpp"
+#include "support/listening_socket.hpp"
 
 using namespace std::chrono_literals;
 using dcomm::errc;
@@ -498,6 +500,45 @@ TEST_SUITE("rpc") {
       }());
     };
     CHECK_NOTHROW(dcomm::spawn(2, rank, {.timeout = 60s}));
+  }
+
+  TEST_CASE("a callee killed by SIGKILL mid-call: the caller gets peer_lost naming it" *
+            doctest::skip(forks_under_tsan)) {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::test::listening_socket master;
+    auto results = dcomm::test::fork_world(2, 40s, [&](int r) {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+      ::setenv("WORLD_SIZE", "2", 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      if (r == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+      asio::io_context context;
+      int code = 1;
+      dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
+        const dcomm::init_options<dcomm::cpu_backend> o{.init_method = "env://"};
+        auto comm =
+            co_await dcomm::init_process_group<dcomm::cpu_backend>(context.get_executor(), o);
+        dcomm::rpc::registry f;
+        f.add("die", [] { ::raise(SIGKILL); });
+        auto rpc = co_await dcomm::rpc::start(comm, f, {.timeout = 20s});
+        if (r == 1) {  // serves until it is killed
+          asio::steady_timer t(context, 30s);
+          co_await t.async_wait(asio::use_awaitable);
+          co_return;
+        }
+        const auto began = std::chrono::steady_clock::now();
+        auto [c, what] = co_await failure_of([&] { return rpc.call(1, "die"); });
+        const bool in_time = std::chrono::steady_clock::now() - began < 10s;
+        std::fprintf(stderr, "rank 0: %s\n", what.c_str());
+        code =
+            c == errc::peer_lost && contains(what, "rank 1") && contains(what, "'die'") && in_time
+                ? 0
+                : 2;
+      }());
+      return code;
+    });
+    CHECK(results[0].ok());
+    CHECK(results[1].signal == SIGKILL);
   }
 
   TEST_CASE("errors reach the caller typed; the callee serves on") {
