@@ -75,12 +75,8 @@ bool forbid_reading_other_processes() {
 // A forked rank of a `world` of this host's ranks, shared memory links,
 // meeting at `master` (rank 0 listens on it).
 comm join_forked_world(dcomm::test::listening_socket& master, int rank, int world) {
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  dcomm::test::set_rank_environment(master, rank, world);
   ::setenv("DCOMM_TRANSPORT", "shm", 1);
-  if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
   return dcomm::init_process_group<dcomm::cpu_backend>({.timeout = std::chrono::seconds(30)});
 }
 

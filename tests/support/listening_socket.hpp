@@ -3,7 +3,10 @@
 // while the others connect to its port.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <string>
 
 #include "dcomm/detail/asio.hpp"
 
@@ -22,6 +25,16 @@ struct listening_socket {
   asio::ip::tcp::acceptor acceptor{ctx};
   std::uint16_t port = 0;
 };
+
+// env:// for a forked `rank` of `world` meeting at `master`'s port on
+// 127.0.0.1 (rank 0 adopts the socket).
+inline void set_rank_environment(listening_socket& master, int rank, int world) {
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+}
 
 // A port nothing listens on right now (for tests of late or absent servers).
 inline std::uint16_t free_port() {

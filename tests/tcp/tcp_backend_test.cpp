@@ -420,11 +420,7 @@ TEST_SUITE("tcp failures") {
     dcomm::test::listening_socket master;
     const auto start = std::chrono::steady_clock::now();
     auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-      ::setenv("WORLD_SIZE", "4", 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
+      dcomm::test::set_rank_environment(master, rank, 4);
       auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
       std::vector<float> v(8 << 20, 1.0f);  // 32 MiB, so the ring is still running
       if (rank == 2) {

@@ -190,15 +190,6 @@ std::set<int> blamed(const dcomm::error& e) {
   return ranks;
 }
 
-// env:// for rank `rank` of `world`, the store on `master`'s port.
-void set_env(dcomm::test::listening_socket& master, int rank, int world) {
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(master.port).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(master.fd()).c_str(), 1);
-}
-
 // How a survivor of a fault ended, as its exit code.
 enum survivor : int { finished = 0, named_it = 3, blamed_another = 4, untyped = 5 };
 
@@ -290,7 +281,7 @@ TEST_SUITE("tcp faults") {
       CAPTURE(mid_collective);
       dcomm::test::listening_socket master;
       auto results = dcomm::test::fork_world(4, 60s, [&](int rank) -> int {
-        set_env(master, rank, 4);
+        dcomm::test::set_rank_environment(master, rank, 4);
         auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 20s});
         const auto pids =
             c.all_gather_object(static_cast<std::int32_t>(::getpid()), dcomm::blocking);
@@ -337,7 +328,7 @@ TEST_SUITE("tcp faults") {
             std::this_thread::sleep_for(delay);
             ::kill(::getpid(), SIGKILL);
           }).detach();
-        set_env(master, rank, 4);
+        dcomm::test::set_rank_environment(master, rank, 4);
         try {
           auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 3s});
           std::vector<float> small(16, 1.0f), large(1 << 18, 1.0f);
