@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/mpi.hpp>
 #include <numeric>
@@ -72,6 +73,18 @@ TEST_CASE("the world comes from MPI") {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CHECK(c.rank() == rank);
   CHECK(c.size() == size);
+  // The launcher's world size, where it says one: a launch whose ranks
+  // could not reach it (srun without the MPI library's PMI plugin: MPICH
+  // then starts each rank as a singleton, a world of 1) fails here
+  // rather than passing once per rank.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    if (const char* v = std::getenv(name); v && *v) {
+      const std::string said = std::string(name) + " = " + v;
+      INFO(said);
+      CHECK(std::atoi(v) == size);
+      break;
+    }
+  }
   int level = 0;
   MPI_Query_thread(&level);
   CHECK(level >= MPI_THREAD_SERIALIZED);
@@ -80,6 +93,35 @@ TEST_CASE("the world comes from MPI") {
   int main_thread = 0;
   MPI_Is_thread_main(&main_thread);
   CHECK(main_thread != 0);
+}
+
+// A launch whose ranks MPI cannot join (srun without the MPI library's
+// PMI plugin) starts each as a singleton: refused at init, naming the
+// launcher's count, rather than each rank training alone. Shown in the
+// world of 1 by saying the launcher started 3; a program that wants
+// singletons says so with MPI_COMM_SELF.
+TEST_CASE("a launcher's world that MPI does not see is refused") {
+  auto& c = comm();
+  if (c.size() != 1) return;  // the check is for a world of 1
+  const char* was = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const std::string saved = was ? was : "";
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  std::string refusal;
+  try {
+    dcomm::init_process_group<dcomm::mpi_backend>({.timeout = 30s});
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::mismatch);
+    refusal = e.what();
+  }
+  CHECK(refusal.find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
+  CHECK(refusal.find("--mpi=pmi2") != std::string::npos);
+  auto alone = dcomm::init_process_group<dcomm::mpi_backend>(
+      {.timeout = 30s, .backend = {.comm = MPI_COMM_SELF}});
+  CHECK(alone.size() == 1);
+  if (was)
+    ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
+  else
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
 }
 
 TEST_CASE("all_reduce: every dtype, sum, max and avg") {

@@ -75,6 +75,33 @@ inline const char* thread_level_name(int level) {
   }
 }
 
+// Refuses an MPI_COMM_WORLD of 1 where the launcher started more
+// processes: srun without the MPI library's PMI plugin (MPICH needs
+// --mpi=pmi2, Open MPI --mpi=pmix) starts every rank as a singleton, and
+// each would then train alone, its collectives succeeding on itself.
+// The launcher's count: mpirun's (Open MPI), the PMI's (MPICH's hydra,
+// Slurm's pmi2), srun's for this step.
+inline void check_launcher_world(MPI_Comm world) {
+  int size = 0;
+  MPI_Comm_size(world, &size);
+  if (size != 1) return;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    const long launched = std::strtol(v, nullptr, 10);
+    if (launched <= 1) return;
+    throw_error(errc::mismatch,
+                {.operation = "init_process_group",
+                 .expected = "an MPI_COMM_WORLD of " + std::to_string(launched) + " (" + name +
+                             "=" + v + ")",
+                 .seen = "an MPI_COMM_WORLD of 1",
+                 .detail = "the launcher started several processes but MPI sees each alone: "
+                           "under srun, pass the MPI library's plugin (--mpi=pmix for Open MPI, "
+                           "--mpi=pmi2 for MPICH); to run singletons on purpose, pass "
+                           "options.comm = MPI_COMM_SELF"});
+  }
+}
+
 }  // namespace mpi
 
 inline void mpi_backend::prepare_process() {
@@ -92,6 +119,7 @@ inline std::shared_ptr<mpi_backend> mpi_backend::create_world(asio::any_io_execu
                            "MPI_Init_thread, or let dcomm do it)"});
   if (const char* v = std::getenv("DCOMM_MPI_CHECK_CALLS"); v && std::string(v) == "1")
     o.check_calls = true;
+  if (o.comm == MPI_COMM_NULL) mpi::check_launcher_world(MPI_COMM_WORLD);
   MPI_Comm world = MPI_COMM_NULL;
   if (MPI_Comm_dup(o.comm == MPI_COMM_NULL ? MPI_COMM_WORLD : o.comm, &world) != MPI_SUCCESS)
     throw_error(errc::device_error,
@@ -127,6 +155,9 @@ inline std::string mpi_backend::describe() const {
   MPI_Get_library_version(version, &len);
   std::string v(version, static_cast<std::size_t>(std::max(len, 0)));
   v = v.substr(0, v.find_first_of(",\n"));
+  // MPICH says "MPICH Version:\t4.0.2": one line, single spaces.
+  for (char& ch : v)
+    if (ch == '\t') ch = ' ';
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   return std::string(mpi::thread_level_name(level)) + ", " + v +
