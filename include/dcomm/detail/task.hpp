@@ -363,11 +363,17 @@ enum class start_mode { posted, at_once };
 template <start_mode Mode, class T, class F>
 void start_on(const asio::any_io_executor& executor, task<T> t, F done) {
   auto d = run_to_end(std::move(t), std::move(done));
-  auto handler = asio::bind_allocator(pool_allocator<void>{}, starter(d.h));
   auto* strand = executor_target<io_strand>(executor);
-  if (strand && Mode == start_mode::at_once)
-    asio::dispatch(*strand, std::move(handler));
-  else if (strand)
+  if (strand && Mode == start_mode::at_once) {
+    // Asio's dispatch, without the work_dispatcher it wraps the handler in
+    // (a copy of the strand that counts work, and a second pass through
+    // the strand once the strand runs it): the strand's own execute runs
+    // it at once where dispatch would, and queues it where dispatch would.
+    asio::prefer(*strand, asio::execution::allocator(pool_allocator<void>{})).execute(starter(d.h));
+    return;
+  }
+  auto handler = asio::bind_allocator(pool_allocator<void>{}, starter(d.h));
+  if (strand)
     asio::post(*strand, std::move(handler));
   else
     asio::post(executor, std::move(handler));
