@@ -73,10 +73,10 @@ TEST_CASE("the world comes from MPI") {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CHECK(c.rank() == rank);
   CHECK(c.size() == size);
-  // The launcher's world size, where it says one: a launch whose ranks
-  // could not reach it (srun without the MPI library's PMI plugin: MPICH
-  // then starts each rank as a singleton, a world of 1) fails here
-  // rather than passing once per rank.
+  // The launcher's world size, where it says one, is MPI's: a launch
+  // whose ranks could not reach each other (srun without the MPI
+  // library's PMI plugin: MPICH then starts each rank as a singleton)
+  // must not pass once per rank (init refuses a world of 1: next case).
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     if (const char* v = std::getenv(name); v && *v) {
       const std::string said = std::string(name) + " = " + v;
