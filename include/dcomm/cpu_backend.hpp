@@ -88,7 +88,7 @@ class cpu_backend {
   // destructor may run while the executor itself is being destroyed.
   ~cpu_backend() = default;
 
-  asio::any_io_executor get_executor() const { return ex_; }
+  const asio::any_io_executor& get_executor() const { return ex_; }
   int rank() const { return net_->rank(); }
   int world_size() const { return net_->world(); }
   // Whom the links closed so far blame (those that left in order, done,

@@ -110,7 +110,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   mpi_backend& operator=(const mpi_backend&) = delete;
   ~mpi_backend() = default;
 
-  asio::any_io_executor get_executor() const { return ex_; }
+  const asio::any_io_executor& get_executor() const { return ex_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   // The world group's MPI communicator (dcomm's duplicate), for MPI calls

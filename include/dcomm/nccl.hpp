@@ -106,7 +106,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   nccl_backend& operator=(const nccl_backend&) = delete;
   ~nccl_backend() { release(true); }
 
-  asio::any_io_executor get_executor() const { return ex_; }
+  const asio::any_io_executor& get_executor() const { return ex_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   // The GPU this rank's communicators use.

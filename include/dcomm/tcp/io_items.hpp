@@ -136,7 +136,7 @@ class item_list {
 
 // One operation in progress: its items, its deadline, how it failed.
 struct op_state {
-  op_state(asio::any_io_executor ex, detail::clock::time_point deadline_)
+  op_state(const asio::any_io_executor& ex, detail::clock::time_point deadline_)
       : timer(ex, deadline_), deadline(deadline_) {}
   op_state(const op_state&) = delete;
   op_state& operator=(const op_state&) = delete;
