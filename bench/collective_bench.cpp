@@ -581,7 +581,7 @@ class runner {
 
 #if DCOMM_HAS_MPI
 int run_mpi(const settings& s) {
-  asio::io_context context;
+  asio::io_context context{1};  // run by this thread alone: the backend needs no strand
   // A named variable: g++ 12 destroys a temporary in a co_await twice.
   dcomm::init_options<dcomm::mpi_backend> o{.timeout = 120s};
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
@@ -594,7 +594,7 @@ int run_mpi(const settings& s) {
 #endif
 
 int run_rank(const settings& s) {
-  asio::io_context context;
+  asio::io_context context{1};  // run by this thread alone: the backend needs no strand
   dcomm::init_options<dcomm::cpu_backend> o{.timeout = 120s};
   // Spawned ranks share this host: keep the mesh on loopback.
   if (s.world > 0) o.backend.bind_host = "127.0.0.1";

@@ -59,14 +59,22 @@ inline bool running_in_this_thread(const asio::any_io_executor& ex) {
   return false;
 }
 
-// A strand of `ex` for an object whose state is not locked. On an
-// io_context the strand wraps the concrete executor type: a strand of the
-// type-erased any_io_executor is too large for any_io_executor's small-object
-// buffer, so every copy Asio makes per completed handler would allocate, and
-// every property query on its inner executor too.
+// An executor that runs one handler at a time, for an object whose state
+// is not locked: `ex` itself where it is an io_context's made for one
+// thread (concurrency hint 1, Asio's word that one thread runs it: a strand
+// there only costs its lock, its queue and the atomic reference count of
+// every copy, a quarter of a small shared memory call), else a strand of
+// `ex`. On an io_context the strand wraps the concrete executor type: a
+// strand of the type-erased any_io_executor is too large for
+// any_io_executor's small-object buffer, so every copy Asio makes per
+// completed handler would allocate, and every property query on its inner
+// executor too.
 inline asio::any_io_executor serial_executor(const asio::any_io_executor& ex) {
-  if (auto* io = executor_target<asio::io_context::executor_type>(ex))
+  if (auto* io = executor_target<asio::io_context::executor_type>(ex)) {
+    if (asio::use_service<asio::detail::scheduler>(io->context()).concurrency_hint() == 1)
+      return ex;
     return asio::make_strand(*io);
+  }
   return asio::make_strand(ex);
 }
 
@@ -285,10 +293,11 @@ T sync_wait(asio::io_context& context, asio::awaitable<T> op) {
   return result.get();
 }
 
-// The same on a fresh io_context of its own.
+// The same on a fresh io_context of its own (run by this thread alone:
+// hint 1, so a backend made on it needs no strand).
 template <typename T>
 T sync_wait(asio::awaitable<T> op) {
-  asio::io_context context;
+  asio::io_context context{1};
   return sync_wait(context, std::move(op));
 }
 

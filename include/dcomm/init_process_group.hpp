@@ -313,7 +313,10 @@ asio::awaitable<communicator<Backend>> init_world(init_options<Backend> o,
 
 // Joins the job named by o.init_method and connects to every rank (a
 // backend that joins through its launcher, mpi_backend, ignores
-// init_method). The backend runs on a strand of `executor`.
+// init_method). The backend runs on a strand of `executor`, or on
+// `executor` itself where it is an io_context's made for one thread
+// (`asio::io_context ctx{1}`: concurrency hint 1, the promise that one
+// thread runs it, which makes small calls faster).
 template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
 auto init_process_group(asio::any_io_executor executor, init_options<Backend> o,
                         Token&& token = {}) {

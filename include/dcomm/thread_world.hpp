@@ -97,7 +97,7 @@ std::exception_ptr run_thread_rank(int rank, int world_size, const Body& body,
                                    const std::shared_ptr<hash_store::table>& table,
                                    clock::time_point deadline, std::atomic<std::size_t>& tickets,
                                    std::size_t& ticket) {
-  asio::io_context context;
+  asio::io_context context{1};  // run by this thread alone: the backend needs no strand
   communicator<Backend>* running = nullptr;
   bool expired = false;
   std::optional<std::size_t> taken;

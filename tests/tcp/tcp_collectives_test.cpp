@@ -8,9 +8,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
+#include <typeinfo>
 #include <vector>
 
+#include "dcomm/store/hash_store.hpp"
 #include "support/collective_cases.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
@@ -213,6 +218,97 @@ TEST_SUITE("tcp collectives") {
       std::vector<int> one{1};
       co_await c.all_reduce(one, dcomm::sum);
       if (one[0] != 2) throw check_failed("all_reduce after refused calls");
+    });
+  }
+
+  // The backend's state is not locked: on an io_context that several
+  // threads run it lives on a strand; on one made for one thread
+  // (concurrency hint 1, as thread worlds make theirs) on the context's own
+  // executor. Here two ranks, each on an io_context that three threads
+  // run, start point-to-point calls from four coroutines at once (which
+  // those threads resume concurrently) while a fifth makes collectives.
+  TEST_CASE("an io_context that several threads run: the backend keeps to a strand") {
+    DCOMM_TEST_DEADLINE(120s);
+    using strand_type = asio::strand<asio::io_context::executor_type>;
+    constexpr int rounds = 150, talkers = 4;
+    auto table = std::make_shared<dcomm::hash_store::table>();
+    std::vector<std::string> errors(2);
+    auto rank_main = [&](int rank) -> asio::awaitable<void> {
+      const auto ex = co_await asio::this_coro::executor;
+      auto store = dcomm::hash_store::create(asio::make_strand(ex), table);
+      dcomm::init_options<dcomm::cpu_backend> o{.timeout = 30s, .job_token = ""};
+      o.backend.bind_host = "127.0.0.1";
+      auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(ex, store, rank, 2, o);
+      if (c.get_executor().target_type() != typeid(strand_type))
+        throw check_failed("the backend's executor is not a strand of the io_context");
+      const int peer = 1 - rank;
+      auto talk = [&c, rank, peer](int tag) -> asio::awaitable<void> {
+        for (int i = 0; i < rounds; ++i) {
+          std::vector<std::int32_t> mine(1 + i % 5, rank * 1000 + tag * 100 + i), theirs(1 + i % 5);
+          if (rank == 0) {
+            co_await c.send(mine, peer, tag);
+            co_await c.recv(theirs, peer, tag);
+          } else {
+            co_await c.recv(theirs, peer, tag);
+            co_await c.send(mine, peer, tag);
+          }
+          for (auto v : theirs)
+            if (v != peer * 1000 + tag * 100 + i)
+              throw check_failed("tag " + std::to_string(tag) + " round " + std::to_string(i) +
+                                 ": received " + std::to_string(v));
+        }
+      };
+      auto gather = [&c]() -> asio::awaitable<void> {
+        for (int i = 0; i < rounds; ++i) {
+          std::vector<std::int64_t> x{c.rank() + i, 1};
+          co_await c.all_reduce(x, dcomm::sum);
+          if (x != std::vector<std::int64_t>{1 + 2 * i, 2})
+            throw check_failed("all_reduce round " + std::to_string(i));
+          co_await c.barrier();
+        }
+      };
+      std::vector<std::future<void>> running;
+      for (int tag = 0; tag < talkers; ++tag)
+        running.push_back(asio::co_spawn(ex, talk(tag), asio::use_future));
+      running.push_back(asio::co_spawn(ex, gather(), asio::use_future));
+      // Waited for without blocking a thread of the context, every one
+      // (they use `c`) before any failure is rethrown.
+      asio::steady_timer tick(ex);
+      for (auto& f : running)
+        while (f.wait_for(0s) != std::future_status::ready) {
+          tick.expires_after(1ms);
+          co_await tick.async_wait(asio::use_awaitable);
+        }
+      for (auto& f : running) f.get();
+      co_await c.barrier();
+    };
+    {
+      std::vector<std::jthread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+          asio::io_context io;  // the default hint: any number of threads
+          auto done = asio::co_spawn(io, rank_main(r), asio::use_future);
+          {
+            std::vector<std::jthread> runners;
+            for (int t = 0; t < 3; ++t) runners.emplace_back([&io] { io.run(); });
+          }
+          try {
+            done.get();
+          } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(r)] = e.what();
+          }
+        });
+    }
+    CHECK(errors[0] == "");
+    CHECK(errors[1] == "");
+  }
+
+  TEST_CASE("a thread world's io_context is made for one thread: no strand") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int) -> asio::awaitable<void> {
+      if (c.get_executor().target_type() != typeid(asio::io_context::executor_type))
+        throw check_failed("the backend's executor is not the io_context's own");
+      co_await c.barrier();
     });
   }
 }

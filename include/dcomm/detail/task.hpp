@@ -347,12 +347,19 @@ const T* executor_target(const asio::any_io_executor& ex) noexcept {
 // drops the allocator, every completion would allocate.
 using io_strand = asio::strand<asio::io_context::executor_type>;
 
+// The backends' executor where init_process_group was given an io_context
+// made for one thread (concurrency hint 1): that thread already runs one
+// handler at a time, so no strand is needed (serial_executor).
+using io_executor = asio::io_context::executor_type;
+
 // Calls start(handler) with `h` given the pool's allocator and, where `ex`
-// is an io_strand, that strand as its executor.
+// is an io_strand or an io_executor, that executor by its own type.
 template <class Handler, class Start>
 void with_pooled_handler(const asio::any_io_executor& ex, Handler h, Start start) {
   if (auto* strand = executor_target<io_strand>(ex))
     start(asio::bind_executor(*strand, asio::bind_allocator(pool_allocator<void>{}, std::move(h))));
+  else if (auto* io = executor_target<io_executor>(ex))
+    start(asio::bind_executor(*io, asio::bind_allocator(pool_allocator<void>{}, std::move(h))));
   else
     start(asio::bind_allocator(pool_allocator<void>{}, std::move(h)));
 }
@@ -372,9 +379,18 @@ void start_on(const asio::any_io_executor& executor, task<T> t, F done) {
     asio::prefer(*strand, asio::execution::allocator(pool_allocator<void>{})).execute(starter(d.h));
     return;
   }
+  auto* io = strand ? nullptr : executor_target<io_executor>(executor);
+  if (io && Mode == start_mode::at_once) {
+    // The same on a one-thread io_context: runs it at once on its thread.
+    asio::execution::execute(asio::prefer(*io, asio::execution::allocator(pool_allocator<void>{})),
+                             starter(d.h));
+    return;
+  }
   auto handler = asio::bind_allocator(pool_allocator<void>{}, starter(d.h));
   if (strand)
     asio::post(*strand, std::move(handler));
+  else if (io)
+    asio::post(*io, std::move(handler));
   else
     asio::post(executor, std::move(handler));
 }
@@ -458,6 +474,11 @@ void initiate_resuming(Initiation& initiation, std::coroutine_handle<> h,
     const asio::any_io_executor io = initiation.get_executor();
     if (auto* strand = executor_target<io_strand>(io)) {
       std::move(initiation)(asio::bind_executor(*strand, std::move(handler)),
+                            std::forward<InitArgs>(args)...);
+      return;
+    }
+    if (auto* e = executor_target<io_executor>(io)) {
+      std::move(initiation)(asio::bind_executor(*e, std::move(handler)),
                             std::forward<InitArgs>(args)...);
       return;
     }

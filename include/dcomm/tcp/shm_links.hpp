@@ -362,6 +362,13 @@ bool transport::spin_shm(const op_state& spinner, Pred pred) {
     }
     return true;
   }
+  if (found && detail::executor_target<detail::io_executor>(ex_)) {
+    if (!bell_settling_) {
+      bell_settling_ = true;
+      detail::post_pooled(ex_, [self = shared_from_this()] { self->settle_bell(); });
+    }
+    return true;
+  }
   bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   wake_arena_holder();
