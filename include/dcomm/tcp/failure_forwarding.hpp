@@ -155,7 +155,7 @@ inline bool transport::probe_group(op_state& op) {
     ++op.probe->awaited;
   }
   if (op.probe->awaited == 0) return false;
-  op.timer.expires_after(probe_grace);
+  op.timer().expires_after(probe_grace);
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include <exception>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -136,12 +137,20 @@ class item_list {
 
 // One operation in progress: its items, its deadline, how it failed.
 struct op_state {
+  // `ex`: the transport's executor, which outlives every op.
   op_state(const asio::any_io_executor& ex, detail::clock::time_point deadline_)
-      : timer(ex, deadline_), deadline(deadline_) {}
+      : deadline(deadline_), executor_(&ex) {}
   op_state(const op_state&) = delete;
   op_state& operator=(const op_state&) = delete;
 
-  asio::steady_timer timer;  // expires at the deadline; cancelled to wake the op
+  // Expires at the deadline; cancelled to wake the op. Made when the op
+  // first waits: most small calls over shared memory never do, and making
+  // an Asio I/O object locks its io_context's service registry.
+  asio::steady_timer& timer() {
+    if (!timer_) timer_.emplace(*executor_, deadline);
+    return *timer_;
+  }
+
   detail::clock::time_point deadline;
   detail::clock::time_point entered{};  // when the caller made the call
   std::exception_ptr failure;
@@ -194,7 +203,15 @@ struct op_state {
   op_state* prev_op = nullptr;
   op_state* next_op = nullptr;
 
-  void wake() { timer.cancel(); }
+  // A wake with no wait pending is lost, as Asio's cancel is: the waits
+  // look at their condition again before they sleep.
+  void wake() {
+    if (timer_) timer_->cancel();
+  }
+
+ private:
+  const asio::any_io_executor* executor_;
+  std::optional<asio::steady_timer> timer_;
 };
 
 }  // namespace dcomm::tcp

@@ -277,7 +277,7 @@ class transport : public std::enable_shared_from_this<transport> {
       // Never sleep failed: a look above may have failed the op, and its
       // wake came before this wait.
       if (op.failure) break;
-      auto [ec] = co_await op.timer.async_wait(detail::use_task);
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
       op.polls_after_readers = false;
       if (ec || op.failure || pred()) continue;
       if (!op.probe && probe_group(op)) continue;
@@ -299,9 +299,9 @@ class transport : public std::enable_shared_from_this<transport> {
     auto in_flight = [&op] {
       return std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; });
     };
-    op.timer.expires_after(io_grace);
+    op.timer().expires_after(io_grace);
     while (in_flight()) {
-      auto [ec] = co_await op.timer.async_wait(detail::use_task);
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
       if (!ec) break;
     }
     for (auto& it : op.items)
@@ -310,9 +310,9 @@ class transport : public std::enable_shared_from_this<transport> {
                                "'s call failed: a message in progress did not end in time");
     // Closing a link completes its socket operations promptly; the bound
     // only guards against a bug turning into a hang.
-    op.timer.expires_after(std::chrono::seconds(10));
+    op.timer().expires_after(std::chrono::seconds(10));
     while (in_flight()) {
-      auto [ec] = co_await op.timer.async_wait(detail::use_task);
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
       if (!ec) {
         log(detail::log_level::error,
             "tcp transport: socket operations still pending 10 s after closing");
