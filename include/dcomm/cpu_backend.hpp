@@ -199,10 +199,7 @@ class cpu_backend {
       co_return;
     }
     tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
-    co_await c.run([&]() -> detail::task<void> {
-      c.send(peer, 0, in.data, in.bytes());
-      co_return;
-    });
+    co_await c.run([&] { c.send(peer, 0, in.data, in.bytes()); });
   }
   DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (staging_.sliced(out)) {
@@ -224,10 +221,7 @@ class cpu_backend {
       co_return;
     }
     tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
-    co_await c.run([&]() -> detail::task<void> {
-      c.recv(peer, 0, out.data, out.bytes());
-      co_return;
-    });
+    co_await c.run([&] { c.recv(peer, 0, out.data, out.bytes()); });
   }
 
   // --- collectives ---
@@ -238,13 +232,11 @@ class cpu_backend {
   DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
     const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
     tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
-    co_await c.run([&]() -> detail::task<void> {
-      if (arena)
-        co_await tcp::shm_barrier(c);
-      else if (choose(c, coll_op::barrier) == algorithm::hierarchical)
-        co_await tcp::hierarchical_barrier(c, c.hosts());
-      else
-        co_await tcp::dissemination_barrier(c);
+    co_await c.run([&] {
+      if (arena) return tcp::shm_barrier(c);
+      if (choose(c, coll_op::barrier) == algorithm::hierarchical)
+        return tcp::hierarchical_barrier(c, c.hosts());
+      return tcp::dissemination_barrier(c);
     });
   }
 
@@ -315,11 +307,9 @@ class cpu_backend {
     const bool arena = !staged && small && via_arena(ctx, coll_op::reduce, "reduce");
     tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
                 "reduce");
-    co_await c.run([&]() -> detail::task<void> {
-      if (arena)
-        co_await tcp::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
-      else
-        co_await reduce_on(c, in.data, out.data, in.count, in.type, op, root);
+    co_await c.run([&] {
+      if (arena) return tcp::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
+      return reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
 
@@ -347,11 +337,9 @@ class cpu_backend {
     const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
     tcp::call c(*net_, ctx, true,
                 sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
-    co_await c.run([&]() -> detail::task<void> {
-      if (arena)
-        co_await tcp::shm_all_reduce(c, in.data, out.data, out.count, size_of(out.type), op);
-      else
-        co_await all_reduce_on(c, in.data, out.data, out.count, out.type, op);
+    co_await c.run([&] {
+      if (arena) return tcp::shm_all_reduce(c, in.data, out.data, out.count, size_of(out.type), op);
+      return all_reduce_on(c, in.data, out.data, out.count, out.type, op);
     });
   }
 

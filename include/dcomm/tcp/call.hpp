@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -197,24 +198,25 @@ class call {
     });
   }
   DCOMM_EMIT_ON_USE detail::task<void> wait_all() {
-    return t_.wait(op_, [this] {
-      confirm();
-      return rounds_left_ == 0 &&
-             std::all_of(op_.items.begin(), op_.items.end(),
-                         [](const io_item& i) { return i.state == item_state::done; });
-    });
+    return t_.wait(op_, [this] { return all_done(); });
   }
 
   // Runs an algorithm to the end: every message done (the confirmation's
   // included), or everything taken back before the failure is rethrown.
+  // `body` returns the algorithm's task, or nothing where it only posts
+  // (send, recv): no coroutine frame of its own. Nor is there one for the
+  // last wait where everything is already done (the arena's calls).
   template <class Body>
   detail::task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
     std::exception_ptr failure;
     try {
       confirm();
-      co_await body();
-      co_await wait_all();
+      if constexpr (std::is_void_v<std::invoke_result_t<Body&>>)
+        body();
+      else
+        co_await body();
+      if (op_.failure || !all_done()) co_await wait_all();
     } catch (...) {
       failure = std::current_exception();
     }
@@ -239,6 +241,14 @@ class call {
     if (r.ran == dcomm::algorithm::automatic)
       r.ran = op_.ran != dcomm::algorithm::automatic ? op_.ran : op_.sig.algo;
     if (op_.collective && group_.size() > 1) r.arrivals.merge(op_.arrivals);
+  }
+
+  // Every message done, the confirmation's included.
+  bool all_done() {
+    confirm();
+    return rounds_left_ == 0 &&
+           std::all_of(op_.items.begin(), op_.items.end(),
+                       [](const io_item& i) { return i.state == item_state::done; });
   }
 
   // Posts the confirmation's next round once the previous one has arrived

@@ -450,6 +450,14 @@ inline bool transport::report_refused_send_in_arena(op_state& op) {
   return false;
 }
 
+// Whether report_refused_send_in_arena would fail `op`.
+inline bool transport::refused_send_pending(const op_state& op) const {
+  if (op.failure) return false;
+  for (int p : op.members)
+    if (p != rank_ && links_[static_cast<std::size_t>(p)]->refused) return true;
+  return false;
+}
+
 // Fails `op`, which needs `peer`, with the mismatch of an earlier send to
 // it, and takes its items back at once: a message that arrives next (on the
 // same link, right behind the fail frame) is for a later receive, not for a

@@ -51,6 +51,14 @@ class arena_call {
     t_.leave_arena(seat_, op());
   }
 
+  // enter() where it has nothing to wait for or report (the usual case),
+  // without its coroutine frame: false if the caller must co_await enter().
+  bool enter_at_once() {
+    if (seat_.first != &op() || !seat_.synced || t_.refused_send_pending(op())) return false;
+    op().on_arena = true;
+    return true;
+  }
+
   // Waits until the calls that started before this one have left.
   DCOMM_EMIT_ON_USE detail::task<void> enter() {
     if (seat_.first != &op()) co_await c_.wait_until([this] { return seat_.first == &op(); });

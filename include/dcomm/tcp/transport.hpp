@@ -363,6 +363,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void note_arena_rings(const op_state& op);
   bool arena_rings_read(arena_seat& seat, const op_state& op);
   bool report_refused_send_in_arena(op_state& op);
+  bool refused_send_pending(const op_state& op) const;
   void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
 
   // Shutdown (tcp/shutdown.hpp). abort(): fails every pending and future

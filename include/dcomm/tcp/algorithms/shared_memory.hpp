@@ -36,7 +36,7 @@ inline constexpr std::size_t arena_reduce_limit = 64 * 1024;
 
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
   arena_call a(c);
-  co_await a.enter();
+  if (!a.enter_at_once()) co_await a.enter();
   a.begin_step();
   a.arrive();
   if (!a.all_arrived()) co_await a.wait_arrived();
@@ -45,7 +45,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes,
                                                           int root) {
   arena_call a(c);
-  co_await a.enter();
+  if (!a.enter_at_once()) co_await a.enter();
   const bool is_root = c.rank() == root;
   std::size_t done = 0;
   do {  // once at least: a broadcast of nothing still meets
@@ -63,7 +63,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, s
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* in, void* out,
                                                            std::size_t bytes) {
   arena_call a(c);
-  co_await a.enter();
+  if (!a.enter_at_once()) co_await a.enter();
   const int n = c.size();
   std::size_t done = 0;
   do {
@@ -90,7 +90,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
                                                        std::size_t count, std::size_t es,
                                                        const reducer& op, int root) {
   arena_call a(c);
-  co_await a.enter();
+  if (!a.enter_at_once()) co_await a.enter();
   const int n = c.size();
   const bool is_root = c.rank() == root;
   const std::size_t per_step = a.slot_bytes() / es;
@@ -115,7 +115,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* 
                                                            std::size_t count, std::size_t es,
                                                            const reducer& op) {
   arena_call a(c);
-  co_await a.enter();
+  if (!a.enter_at_once()) co_await a.enter();
   const int n = c.size(), r = c.rank();
   if (count * es <= std::min(one_pass_reduce, a.slot_bytes())) {
     const std::size_t bytes = count * es;
