@@ -334,14 +334,22 @@ template <class Pred>
 bool transport::spin_shm(const op_state& spinner, Pred pred) {
   shm::doorbell_word& bell = shm_->bell(static_cast<std::size_t>(shm_me_));
   bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
-  const auto until = detail::clock::now() + options_.shm_spin;
+  // The clock is first read at the first look that may end the spin: most
+  // spins end within a few looks, and a read costs a look's time.
+  detail::clock::time_point until{};
   bool found = false;
   for (int i = 0; !(found = poll_shm(&spinner) || pred()); ++i) {
     if (options_.shm_yield)
       ::sched_yield();
     else
       shm::cpu_relax();
-    if (((i & 15) == 15 || options_.shm_yield) && detail::clock::now() >= until) break;
+    if ((i & 15) == 15 || options_.shm_yield) {
+      const auto now = detail::clock::now();
+      if (until == detail::clock::time_point{})
+        until = now + options_.shm_spin;
+      else if (now >= until)
+        break;
+    }
   }
   // The caller goes on working: the bell stays awake until the io_context
   // gets to settle_bell, which it does before it could block (its
