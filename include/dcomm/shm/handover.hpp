@@ -15,11 +15,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -94,9 +96,10 @@ inline void send_with_fds(int socket, const void* bytes, std::size_t n,
 }
 
 // Receives one message of `n` bytes and the descriptors attached to it
-// (closed again if the message is not what was expected).
-inline std::vector<int> receive_with_fds(int socket, void* bytes, std::size_t n,
-                                         std::size_t max_fds) {
+// (closed again if the message is not what was expected); nothing if none
+// has come yet (see wait_readable).
+inline std::optional<std::vector<int>> receive_with_fds(int socket, void* bytes, std::size_t n,
+                                                        std::size_t max_fds) {
   std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
   iovec iov{bytes, n};
   msghdr msg{};
@@ -105,6 +108,7 @@ inline std::vector<int> receive_with_fds(int socket, void* bytes, std::size_t n,
   msg.msg_control = control.data();
   msg.msg_controllen = control.size();
   const ssize_t got = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
   if (got < 0) throw_socket_errno("recvmsg of the shared memory segment");
   std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
@@ -120,6 +124,24 @@ inline std::vector<int> receive_with_fds(int socket, void* bytes, std::size_t n,
                             "a short or truncated shared memory handover");
   }
   return fds;
+}
+
+// Waits until `sock` has something to read, or throws errc::timeout with
+// `late` at the deadline. Readiness can be spurious where several threads
+// run the io_context (one of them may handle a readiness event of the
+// socket's, true before it connected, after this wait began): callers
+// read without blocking, and wait again when nothing was there.
+// (`late`: the caller's, alive across the wait. Named and moved, never a
+// temporary in a co_await: g++ 12 destroys those twice.)
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> wait_readable(unix_socket& sock,
+                                                             detail::clock::time_point deadline,
+                                                             const error_context& late) {
+  error_context on_timeout = late;
+  auto waiting = sock.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
+  co_await detail::with_deadline(std::move(waiting), deadline, std::move(on_timeout), [&sock] {
+    asio::error_code ignored;
+    sock.cancel(ignored);
+  });
 }
 
 inline bool same_user(unix_socket& s) {
@@ -149,20 +171,19 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve_one(std::shared_ptr<server_
                                                          unix_socket peer) {
   if (!same_user(peer)) co_return;
   const auto grace = detail::clock::now() + std::chrono::seconds(2);
-  try {
-    error_context silent;
-    auto waiting = peer.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
-    co_await detail::with_deadline(std::move(waiting), grace, std::move(silent), [&peer] {
-      asio::error_code ignored;
-      peer.cancel(ignored);
-    });
-  } catch (const dcomm::error&) {
-    co_return;
-  }
+  const error_context silent;
   hello h;
-  if (::recv(peer.native_handle(), &h, sizeof h, MSG_DONTWAIT) != sizeof h ||
-      h.magic != hello_magic)
-    co_return;
+  for (;;) {
+    try {
+      co_await wait_readable(peer, grace, silent);
+    } catch (const dcomm::error&) {
+      co_return;
+    }
+    const auto n = ::recv(peer.native_handle(), &h, sizeof h, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n != sizeof h || h.magic != hello_magic) co_return;
+    break;
+  }
   auto it = std::find(sv->missing.begin(), sv->missing.end(), h.rank);
   if (it == sv->missing.end()) co_return;
   std::vector<int> fds{sv->seg->memfd()};
@@ -244,14 +265,13 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<segment>> join(
       .rank = rank,
       .peers = "rank " + std::to_string(local.front()),
       .detail = "the host's lowest rank did not hand over the shared memory segment"};
-  auto waiting = sock.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
-  co_await detail::with_deadline(std::move(waiting), deadline, std::move(late), [&sock] {
-    asio::error_code ignored;
-    sock.cancel(ignored);
-  });
   hello answer;
-  std::vector<int> fds =
-      receive_with_fds(sock.native_handle(), &answer, sizeof answer, local.size() + 1);
+  std::optional<std::vector<int>> received;
+  while (!received) {
+    co_await wait_readable(sock, deadline, late);
+    received = receive_with_fds(sock.native_handle(), &answer, sizeof answer, local.size() + 1);
+  }
+  std::vector<int> fds = std::move(*received);
   if (answer.magic != hello_magic || answer.rank != rank || fds.size() != local.size() + 1) {
     for (int fd : fds) ::close(fd);
     throw std::system_error(EPROTO, std::system_category(),

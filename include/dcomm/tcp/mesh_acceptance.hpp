@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -206,6 +207,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance>
     if (st->finished || ec) co_return;
     tcp::wire_header h;
     auto n = ::recv(socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    // Nothing there: the readiness was spurious (where several threads run
+    // the io_context, one may handle a readiness event that was true before
+    // the wait began); the peer is still connected.
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n > 0 && static_cast<std::size_t>(n) < sizeof h) {  // the rest is on its way
       asio::steady_timer pause(co_await asio::this_coro::executor, std::chrono::milliseconds(1));
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -246,21 +247,30 @@ inline bool transport::poll_shm(const op_state* spinner) {
 }
 
 // Nothing is written to the socket of a shared memory link: it becomes
-// readable only when the peer closes it or dies.
+// readable only when the peer closes it or dies. Readiness can be spurious
+// where several threads run the io_context (one of them may handle a
+// readiness event of the socket's after this wait began that was true
+// before it: a socket not yet connected reports a hang-up): a peek that
+// would block means the peer is still there.
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::watch_shm_peer(
     std::shared_ptr<transport> self, int peer) {
   peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
-  auto [ec] = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
-  // A peer that left start-up before its transport ran said why on the
-  // socket (mesh_detail::say_goodbye, transport::leave_start_up): its
-  // goodbye names the culprit, as one through the ring would.
-  if (!ec && !l.said_bye) {
+  asio::error_code ec;
+  for (;;) {
+    std::tie(ec) = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
+    if (ec) break;
     wire_header h;
     const auto n = ::recv(l.socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-    if (n == static_cast<ssize_t>(sizeof h) && h.magic == wire_magic && h.kind == msg_kind::bye) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    // A peer that left start-up before its transport ran said why on the
+    // socket (mesh_detail::say_goodbye, transport::leave_start_up): its
+    // goodbye names the culprit, as one through the ring would.
+    if (!l.said_bye && n == static_cast<ssize_t>(sizeof h) && h.magic == wire_magic &&
+        h.kind == msg_kind::bye) {
       l.said_bye = true;
       std::tie(l.bye_reason, l.bye_culprit) = read_goodbye(h, self->world_);
     }
+    break;
   }
   l.shm_peer_gone = true;
   if (l.shm_reader_waiting) {
