@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -117,15 +118,26 @@ struct op_options {
 };
 
 // The reduction a collective applies, type-erased for the backend:
-// combine(inout, in, n) does inout[i] = op(inout[i], in[i]).
+// combine(inout, in, n) does inout[i] = op(inout[i], in[i]);
+// combine_to(out, a, b, n) does out[i] = op(a[i], b[i]) (out overlapping
+// neither), a pass over memory fewer than copying a to out and combining.
 struct reducer {
+  using combine_to_t = void (*)(const reducer& self, void* out, const void* a, const void* b,
+                                std::size_t n);
   reduce_kind kind = reduce_kind::sum;
   dtype type = dtype::float32;
   void (*combine_fn)(const reducer& self, void* inout, const void* in, std::size_t n) = nullptr;
-  const void* state = nullptr;  // the user's functor (custom ops)
+  const void* state = nullptr;           // the user's functor (custom ops)
+  combine_to_t combine_to_fn = nullptr;  // optional: copy, then combine, without it
 
   void combine(void* inout, const void* in, std::size_t n) const {
     if (n) combine_fn(*this, inout, in, n);
+  }
+  void combine_to(void* out, const void* a, const void* b, std::size_t n) const {
+    if (!n) return;
+    if (combine_to_fn) return combine_to_fn(*this, out, a, b, n);
+    std::memcpy(out, a, n * size_of(type));
+    combine_fn(*this, out, b, n);
   }
   // avg is a sum divided once, at the end, by the number of ranks;
   // premul_sum a sum scaled once, at the end, by its factor.
@@ -151,8 +163,23 @@ void typed_combine(const reducer& self, void* inout, const void* in, std::size_t
     reduce_into(Op{}, static_cast<T*>(inout), static_cast<const T*>(in), n);
 }
 
+template <class T, class Op>
+void typed_combine_to(const reducer& self, void* out, const void* a, const void* b, std::size_t n) {
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  if constexpr (reduce_kind_of_v<Op> == reduce_kind::custom)
+    reduce_to(*static_cast<const Op*>(self.state), static_cast<T*>(out), x, y, n);
+  else
+    reduce_to(Op{}, static_cast<T*>(out), x, y, n);
+}
+
 inline void runtime_combine(const reducer& self, void* inout, const void* in, std::size_t n) {
   reduce_into(self.kind, self.type, inout, in, n);
+}
+
+inline void runtime_combine_to(const reducer& self, void* out, const void* a, const void* b,
+                               std::size_t n) {
+  reduce_to(self.kind, self.type, out, a, b, n);
 }
 }  // namespace detail
 
@@ -161,8 +188,9 @@ inline void runtime_combine(const reducer& self, void* inout, const void* in, st
 template <class T, class Op>
 reducer make_reducer(const Op& op) {
   check_reduce_op<T, Op>();
-  return {reduce_kind_of_v<Op>, dtype_of_v<T>, &detail::typed_combine<T, std::remove_cvref_t<Op>>,
-          &op};
+  using op_t = std::remove_cvref_t<Op>;
+  return {reduce_kind_of_v<Op>, dtype_of_v<T>, &detail::typed_combine<T, op_t>, &op,
+          &detail::typed_combine_to<T, op_t>};
 }
 
 // A reducer for a dtype known at run time (builtin ops only); op must
@@ -171,7 +199,7 @@ template <class Op>
 reducer make_reducer(const Op& op, dtype type) {
   constexpr reduce_kind kind = reduce_kind_of_v<Op>;
   check_reduce_op(kind, type);
-  return {kind, type, &detail::runtime_combine, &op};
+  return {kind, type, &detail::runtime_combine, &op, &detail::runtime_combine_to};
 }
 
 // A group of ranks as every backend sees it: its members as global ranks,

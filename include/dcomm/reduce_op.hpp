@@ -251,64 +251,74 @@ constexpr T wrapping_mul(T a, T b) noexcept {
 
 }  // namespace detail
 
+namespace detail {
+
+// op(a, b) for one element of a builtin or custom op, as the file's top
+// comment says. The loops below inline it, so each still vectorises.
+template <class Op, class T>
+inline T combine_one(const Op& op, T x, T y) {
+  constexpr reduce_kind k = reduce_kind_of_v<Op>;
+  if constexpr (k == reduce_kind::custom) {
+    return static_cast<T>(std::invoke(op, x, y));
+  } else if constexpr (is_half<T>) {
+    // Through float, rounding once per element; min/max pick an operand.
+    const float a = static_cast<float>(x);
+    const float b = static_cast<float>(y);
+    if constexpr (k == reduce_kind::sum || is_finished_sum(k))
+      return T(a + b);
+    else if constexpr (k == reduce_kind::prod)
+      return T(a * b);
+    else if constexpr (k == reduce_kind::min)
+      return (b < a || b != b) ? y : x;
+    else
+      return (b > a || b != b) ? y : x;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (k == reduce_kind::sum || is_finished_sum(k))
+      return x + y;
+    else if constexpr (k == reduce_kind::prod)
+      return x * y;
+    else if constexpr (k == reduce_kind::min)
+      return (y < x || y != y) ? y : x;
+    else
+      return (y > x || y != y) ? y : x;
+  } else {
+    if constexpr (k == reduce_kind::sum)
+      return wrapping_add(x, y);
+    else if constexpr (k == reduce_kind::prod)
+      return wrapping_mul(x, y);
+    else if constexpr (k == reduce_kind::min)
+      return y < x ? y : x;
+    else if constexpr (k == reduce_kind::max)
+      return y > x ? y : x;
+    else if constexpr (k == reduce_kind::band)
+      return static_cast<T>(x & y);
+    else if constexpr (k == reduce_kind::bor)
+      return static_cast<T>(x | y);
+    else
+      return static_cast<T>(x ^ y);
+  }
+}
+
+}  // namespace detail
+
 // inout[i] = op(inout[i], in[i]) for i < n. The ranges must not overlap
 // unless they are identical.
 template <class Op, class T>
 void reduce_into(const Op& op, T* inout, const std::type_identity_t<T>* in, std::size_t n) {
   check_reduce_op<T, Op>();
-  if constexpr (reduce_op_for<Op, T>) {
-    constexpr reduce_kind k = reduce_kind_of_v<Op>;
-    if constexpr (k == reduce_kind::custom) {
-      for (std::size_t i = 0; i < n; ++i)
-        inout[i] = static_cast<T>(std::invoke(op, static_cast<T>(inout[i]), static_cast<T>(in[i])));
-    } else if constexpr (detail::is_half<T>) {
-      // Through float, rounding once per element; min/max pick an operand.
-      for (std::size_t i = 0; i < n; ++i) {
-        const float a = static_cast<float>(inout[i]);
-        const float b = static_cast<float>(in[i]);
-        if constexpr (k == reduce_kind::sum || detail::is_finished_sum(k))
-          inout[i] = T(a + b);
-        else if constexpr (k == reduce_kind::prod)
-          inout[i] = T(a * b);
-        else if constexpr (k == reduce_kind::min)
-          inout[i] = (b < a || b != b) ? in[i] : inout[i];
-        else
-          inout[i] = (b > a || b != b) ? in[i] : inout[i];
-      }
-    } else if constexpr (std::is_floating_point_v<T>) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const T a = inout[i];
-        const T b = in[i];
-        if constexpr (k == reduce_kind::sum || detail::is_finished_sum(k))
-          inout[i] = a + b;
-        else if constexpr (k == reduce_kind::prod)
-          inout[i] = a * b;
-        else if constexpr (k == reduce_kind::min)
-          inout[i] = (b < a || b != b) ? b : a;
-        else
-          inout[i] = (b > a || b != b) ? b : a;
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        const T a = inout[i];
-        const T b = in[i];
-        if constexpr (k == reduce_kind::sum)
-          inout[i] = detail::wrapping_add(a, b);
-        else if constexpr (k == reduce_kind::prod)
-          inout[i] = detail::wrapping_mul(a, b);
-        else if constexpr (k == reduce_kind::min)
-          inout[i] = b < a ? b : a;
-        else if constexpr (k == reduce_kind::max)
-          inout[i] = b > a ? b : a;
-        else if constexpr (k == reduce_kind::band)
-          inout[i] = static_cast<T>(a & b);
-        else if constexpr (k == reduce_kind::bor)
-          inout[i] = static_cast<T>(a | b);
-        else
-          inout[i] = static_cast<T>(a ^ b);
-      }
-    }
-  }
+  if constexpr (reduce_op_for<Op, T>)
+    for (std::size_t i = 0; i < n; ++i) inout[i] = detail::combine_one(op, inout[i], in[i]);
+}
+
+// out[i] = op(a[i], b[i]) for i < n: reduce_into without first copying a
+// into out (one pass over memory fewer). out must not overlap a or b
+// (reduce_into is the in-place form).
+template <class Op, class T>
+void reduce_to(const Op& op, T* out, const std::type_identity_t<T>* a,
+               const std::type_identity_t<T>* b, std::size_t n) {
+  check_reduce_op<T, Op>();
+  if constexpr (reduce_op_for<Op, T>)
+    for (std::size_t i = 0; i < n; ++i) out[i] = detail::combine_one(op, a[i], b[i]);
 }
 
 // The final step of avg: inout[i] /= world, rounded once (halves via float).
@@ -379,6 +389,18 @@ inline void reduce_into(reduce_kind k, dtype t, void* inout, const void* in, std
     detail::visit_reduce_kind(k, [&]<class Op>(const Op& op) {
       if constexpr (reduce_op_for<Op, T>)
         reduce_into(op, static_cast<T*>(inout), static_cast<const T*>(in), n);
+    });
+  });
+}
+
+// Runtime-typed reduce_to; throws like the runtime reduce_into.
+inline void reduce_to(reduce_kind k, dtype t, void* out, const void* a, const void* b,
+                      std::size_t n) {
+  check_reduce_op(k, t);
+  visit_dtype(t, [&]<class T>(std::type_identity<T>) {
+    detail::visit_reduce_kind(k, [&]<class Op>(const Op& op) {
+      if constexpr (reduce_op_for<Op, T>)
+        reduce_to(op, static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
     });
   });
 }

@@ -4,6 +4,7 @@
 // floating-point results exactly in double and rounded with a <cmath>
 // reference, never by calling the kernels under test.
 #include <doctest/doctest.h>
+#include <dcomm/backend.hpp>  // reducer
 #include <dcomm/reduce_op.hpp>
 
 #include <algorithm>
@@ -194,14 +195,23 @@ void check_op_on_all_pairs(const Op& op) {
   }
   CHECK(mismatches == 0);
 
-  // The runtime-typed dispatcher gives the same bits.
+  // The runtime-typed dispatcher gives the same bits, and so does
+  // reduce_to (out = a op b, typed and at run time) into a third buffer.
   std::vector<T> again = original;
   dcomm::reduce_into(k, dcomm::dtype_of_v<T>, again.data(), p.b.data(), again.size());
-  for (std::size_t i = 0; i < again.size(); ++i)
-    if (!same_element(again[i], p.a[i], reduce_kind::sum)) {
-      FAIL_CHECK("runtime dispatch differs at element " << i);
-      break;
-    }
+  std::vector<T> typed_to(original.size()), runtime_to(original.size());
+  dcomm::reduce_to(op, typed_to.data(), original.data(), p.b.data(), original.size());
+  dcomm::reduce_to(k, dcomm::dtype_of_v<T>, runtime_to.data(), original.data(), p.b.data(),
+                   original.size());
+  for (const auto* form : {&again, &typed_to, &runtime_to})
+    for (std::size_t i = 0; i < form->size(); ++i)
+      if (!same_element((*form)[i], p.a[i], reduce_kind::sum)) {
+        FAIL_CHECK((form == &again      ? "runtime reduce_into"
+                    : form == &typed_to ? "reduce_to"
+                                        : "runtime reduce_to")
+                   << " differs at element " << i);
+        break;
+      }
 }
 
 // A struct functor with state and a const call operator.
@@ -467,6 +477,29 @@ TEST_CASE("user functors are applied elementwise") {
   // n == 0 touches nothing.
   dcomm::reduce_into(dcomm::sum, u.data(), w.data(), 0);
   CHECK(u == std::vector<std::uint8_t>{0xff, 0x1e});
+}
+
+TEST_CASE("a reducer's combine_to is a copy and a combine in one pass, in every form") {
+  const std::vector<float> a = {1.0f, -2.0f, 3.5f, 0.25f}, b = {10.0f, 20.0f, -30.0f, 0.5f};
+  std::vector<float> want = a;
+  dcomm::reduce_into(scaled_add{2.0f}, want.data(), b.data(), want.size());
+  const scaled_add custom{2.0f};
+  dcomm::reducer typed = dcomm::make_reducer<float>(custom);
+  dcomm::reducer fallback = typed;
+  fallback.combine_to_fn = nullptr;  // a backend's own reducer: memcpy, then combine
+  for (const dcomm::reducer* r : {&typed, &fallback}) {
+    std::vector<float> out(a.size(), -1.0f);
+    r->combine_to(out.data(), a.data(), b.data(), out.size());
+    CHECK(out == want);
+    r->combine_to(out.data(), b.data(), a.data(), 0);  // nothing: nothing touched
+    CHECK(out == want);
+  }
+  // The runtime-typed reducer (builtin ops on a dtype known at run time).
+  const std::vector<std::int8_t> x = {127, -5, 7}, y = {1, -6, 8};
+  dcomm::reducer runtime = dcomm::make_reducer(dcomm::sum, dcomm::dtype::int8);
+  std::vector<std::int8_t> out(3);
+  runtime.combine_to(out.data(), x.data(), y.data(), out.size());
+  CHECK(out == std::vector<std::int8_t>{-128, -11, 15});
 }
 
 TEST_CASE("premul_sum = sum then scale_by its factor, typed and at run time") {

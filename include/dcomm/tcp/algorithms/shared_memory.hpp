@@ -34,6 +34,17 @@ inline constexpr std::size_t one_pass_reduce = 16 * 1024;
 // messages, 128 KiB 139-156 us against 37-57).
 inline constexpr std::size_t arena_reduce_limit = 64 * 1024;
 
+// out = every slot's k elements combined in rank order (slot 0 op slot 1
+// op ...): the same bits on every rank that computes it.
+inline void reduce_slots(arena_call& a, int n, const reducer& op, void* out, std::size_t k) {
+  if (n == 1) {
+    std::memcpy(out, a.slot_of(0), k * size_of(op.type));
+    return;
+  }
+  op.combine_to(out, a.slot_of(0), a.slot_of(1), k);
+  for (int p = 2; p < n; ++p) op.combine(out, a.slot_of(p), k);
+}
+
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
   arena_call a(c);
   if (!a.enter_at_once()) co_await a.enter();
@@ -103,8 +114,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
     if (!a.all_arrived()) co_await a.wait_arrived();
     if (is_root && k) {
       void* result = bytes_at(out, first * es);
-      std::memcpy(result, a.slot_of(0), k * es);
-      for (int p = 1; p < n; ++p) op.combine(result, a.slot_of(p), k);
+      reduce_slots(a, n, op, result, k);
       op.finish(result, k, n);
     }
     first += k;
@@ -124,8 +134,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* 
     a.arrive();
     if (!a.all_arrived()) co_await a.wait_arrived();
     if (!bytes) co_return;
-    std::memcpy(out, a.slot_of(0), bytes);
-    for (int p = 1; p < n; ++p) op.combine(out, a.slot_of(p), count);
+    reduce_slots(a, n, op, out, count);
     op.finish(out, count, n);
     co_return;
   }
@@ -143,10 +152,16 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* 
     a.arrive();
     if (!a.all_arrived()) co_await a.wait_arrived();
     // This rank's share, reduced into `out` (`in` first, then every other
-    // slot in rank order), then into its slot for the others.
+    // slot in rank order), then into its slot for the others. Out of
+    // place, the first combine reads `in` and writes `out` in one pass.
     void* result = bytes_at(out, (first + share.offset) * es);
-    if (out != in) std::memcpy(result, bytes_at(in, (first + share.offset) * es), end - at);
-    for (int p = 0; p < n; ++p)
+    const int first_other = r == 0 ? 1 : 0;
+    if (out != in)
+      op.combine_to(result, bytes_at(in, (first + share.offset) * es), a.slot_of(first_other) + at,
+                    share.count);
+    else
+      op.combine(result, a.slot_of(first_other) + at, share.count);
+    for (int p = first_other + 1; p < n; ++p)
       if (p != r) op.combine(result, a.slot_of(p) + at, share.count);
     op.finish(result, share.count, n);
     std::memcpy(mine + at, result, end - at);
