@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/mpi.hpp>
 #include <numeric>
@@ -146,6 +147,71 @@ TEST_CASE("all_reduce: a custom functor, premul_sum, out of place") {
   std::vector<float> x(3, 1.0f);
   c.all_reduce(x, dcomm::premul_sum(0.5), dcomm::blocking);
   CHECK(x[0] == doctest::Approx(0.5 * n));
+}
+
+// Up to options::p2p_all_reduce_limit (16 KiB) an all_reduce is dcomm's
+// recursive doubling over messages, above it MPI_Iallreduce: both give
+// every rank the same bits, here with float sums whose value depends on
+// the order of the additions, and the exact sum where it does not.
+TEST_CASE("all_reduce on both sides of the message path's limit: the same bits everywhere") {
+  auto& c = comm();
+  const int n = c.size(), me = c.rank();
+  const std::size_t limit = dcomm::mpi_backend::options{}.p2p_all_reduce_limit / sizeof(float);
+  for (std::size_t count : {limit - 1, limit, limit + 1}) {
+    CAPTURE(count);
+    std::vector<float> x(count);
+    for (std::size_t i = 0; i < count; ++i)  // 1e8 + small: rounding depends on order
+      x[i] =
+          (me % 2 ? 1e8f : 1.0f) + static_cast<float>((i * 7 + static_cast<std::size_t>(me)) % 13);
+    c.all_reduce(x, dcomm::sum, dcomm::blocking);
+    std::vector<float> everyone(count * static_cast<std::size_t>(n));
+    c.all_gather(x, everyone, dcomm::blocking);
+    int differ = 0;
+    for (int r = 0; r < n; ++r)
+      differ += std::memcmp(everyone.data() + static_cast<std::size_t>(r) * count, x.data(),
+                            count * sizeof(float)) != 0;
+    CHECK(differ == 0);
+    std::vector<std::int64_t> k(count);
+    for (std::size_t i = 0; i < count; ++i) k[i] = static_cast<std::int64_t>(i) * (me + 1);
+    c.all_reduce(k, dcomm::sum, dcomm::blocking);
+    const std::int64_t ranks = n * (n + 1) / 2;
+    CHECK(k[count - 1] == static_cast<std::int64_t>(count - 1) * ranks);
+    CHECK(k[count / 2] == static_cast<std::int64_t>(count / 2) * ranks);
+  }
+}
+
+// Calls that differ in size on the message path: every rank fails with
+// errc::mismatch (not only the partners of the odd one, and none waits
+// for a step that will not come), and the backend goes on.
+TEST_CASE("small all_reduces that differ in size: every rank fails with mismatch") {
+  auto& c = comm();
+  const int n = c.size(), me = c.rank();
+  if (n < 2) return;
+  std::vector<float> x(me == n - 1 ? 3 : 2, 1.0f);
+  std::string failure;
+  try {
+    c.all_reduce(x, dcomm::sum, dcomm::op_options{.timeout = 10s}, dcomm::blocking);
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::mismatch);
+    failure = e.what();
+  }
+  INFO(failure);
+  CHECK(failure.find("differ in size") != std::string::npos);
+  std::vector<int> one{1};
+  c.all_reduce(one, dcomm::sum, dcomm::blocking);
+  CHECK(one[0] == n);
+}
+
+TEST_CASE("p2p_all_reduce_limit above 1 MiB is refused before anything is made") {
+  std::string refusal;
+  try {
+    dcomm::init_process_group<dcomm::mpi_backend>(
+        {.timeout = 30s, .backend = {.p2p_all_reduce_limit = (1 << 20) + 1}});
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::invalid_argument);
+    refusal = e.what();
+  }
+  CHECK(refusal.find("p2p_all_reduce_limit") != std::string::npos);
 }
 
 TEST_CASE("send and recv: tags, sizes, a mismatch") {

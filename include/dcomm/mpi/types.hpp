@@ -132,6 +132,18 @@ class reduction_type {
   bool made_ = false;
 };
 
+// The largest options::p2p_all_reduce_limit: each such call holds twice
+// the limit in scratch while it runs (mpi/impl/small_all_reduce.hpp).
+inline constexpr std::size_t max_p2p_all_reduce_limit = 1 << 20;
+
+// A group's communicators: MPI's collectives and the user's messages use
+// `comm`; dcomm's own collectives over messages use `own`, a duplicate,
+// so that their tags never meet the user's.
+struct group_comms {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm own = MPI_COMM_NULL;
+};
+
 // MPI counts are ints: larger ones are refused before anything is sent.
 inline int count_of(std::size_t n, const char* operation, const char* what = "element count") {
   if (n > static_cast<std::size_t>(INT_MAX))

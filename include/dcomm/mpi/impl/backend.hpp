@@ -102,6 +102,17 @@ inline void check_launcher_world(MPI_Comm world) {
   }
 }
 
+// A group's communicator and the duplicate dcomm's own collectives use
+// (MPI_Comm_dup: a collective of the group, made where its communicator
+// is, so in the same order on every member). A failed duplicate leaves
+// `own` null: the group's operations then fail (comms_of).
+inline group_comms with_own_duplicate(MPI_Comm comm) {
+  group_comms c{.comm = comm};
+  if (MPI_Comm_dup(comm, &c.own) != MPI_SUCCESS) c.own = MPI_COMM_NULL;
+  if (c.own != MPI_COMM_NULL) MPI_Comm_set_errhandler(c.own, MPI_ERRORS_RETURN);
+  return c;
+}
+
 }  // namespace mpi
 
 inline void mpi_backend::prepare_process() {
@@ -119,6 +130,15 @@ inline std::shared_ptr<mpi_backend> mpi_backend::create_world(asio::any_io_execu
                            "MPI_Init_thread, or let dcomm do it)"});
   if (const char* v = std::getenv("DCOMM_MPI_CHECK_CALLS"); v && std::string(v) == "1")
     o.check_calls = true;
+  if (const char* v = std::getenv("DCOMM_MPI_P2P_ALL_REDUCE_LIMIT"); v && *v)
+    o.p2p_all_reduce_limit = std::strtoull(v, nullptr, 10);
+  if (o.p2p_all_reduce_limit > mpi::max_p2p_all_reduce_limit)
+    throw_error(errc::invalid_argument,
+                {.operation = "init_process_group",
+                 .expected = "options::p2p_all_reduce_limit of at most " +
+                             std::to_string(mpi::max_p2p_all_reduce_limit) + " bytes",
+                 .seen = std::to_string(o.p2p_all_reduce_limit),
+                 .detail = "larger all_reduces are MPI's own (MPI_Iallreduce)"});
   if (o.comm == MPI_COMM_NULL) mpi::check_launcher_world(MPI_COMM_WORLD);
   MPI_Comm world = MPI_COMM_NULL;
   if (MPI_Comm_dup(o.comm == MPI_COMM_NULL ? MPI_COMM_WORLD : o.comm, &world) != MPI_SUCCESS)
@@ -146,7 +166,7 @@ inline mpi_backend::mpi_backend(asio::any_io_executor ex, MPI_Comm world, option
     MPI_Comm_free(&host);
   }
   oversubscribed_ = on_host > std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  comms_[0] = world;
+  comms_[0] = mpi::with_own_duplicate(world);
 }
 
 inline std::string mpi_backend::describe() const {
@@ -182,7 +202,8 @@ inline void mpi_backend::close(std::function<void()> closed) {
       int finalized = 0;
       MPI_Finalized(&finalized);
       for (auto& [id, c] : self->comms_)
-        if (!finalized && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+        for (MPI_Comm* one : {&c.comm, &c.own})
+          if (!finalized && *one != MPI_COMM_NULL) MPI_Comm_free(one);
     }
     self->comms_.clear();
     if (!self->failure_)
@@ -221,11 +242,11 @@ inline void mpi_backend::group_created(const std::shared_ptr<group_state>& paren
     auto it = self->comms_.find(parent_id);
     if (it == self->comms_.end() || self->failure_) return;  // its operations fail then
     MPI_Comm made = MPI_COMM_NULL;
-    if (MPI_Comm_split(it->second, member ? color : MPI_UNDEFINED, key, &made) != MPI_SUCCESS)
+    if (MPI_Comm_split(it->second.comm, member ? color : MPI_UNDEFINED, key, &made) != MPI_SUCCESS)
       return;  // the group's operations fail: it has no communicator
     if (!member || made == MPI_COMM_NULL) return;
     MPI_Comm_set_errhandler(made, MPI_ERRORS_RETURN);
-    self->comms_[child_id] = made;
+    self->comms_[child_id] = mpi::with_own_duplicate(made);
   });
 }
 
@@ -233,14 +254,16 @@ inline std::string mpi_backend::group_name(const op_context& ctx) const {
   return ctx.group ? ctx.group->name : "the world group";
 }
 
-inline MPI_Comm mpi_backend::comm_of(const op_context& ctx, const char* operation) const {
+inline const mpi::group_comms& mpi_backend::comms_of(const op_context& ctx,
+                                                     const char* operation) const {
   auto it = comms_.find(ctx.group ? ctx.group->id : 0);
-  if (it == comms_.end())
+  if (it == comms_.end() || it->second.own == MPI_COMM_NULL)
     throw_error(errc::invalid_argument,
                 {.operation = operation,
                  .rank = rank_,
                  .detail = group_name(ctx) + " has no MPI communicator (its MPI_Comm_split "
-                                             "failed, or the communicator was closed)"});
+                                             "or MPI_Comm_dup failed, or the communicator "
+                                             "was closed)"});
   return it->second;
 }
 

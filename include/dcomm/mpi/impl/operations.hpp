@@ -146,6 +146,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(o
   co_await check_signature(
       ctx, "all_reduce",
       mpi::signature(mpi::call_kind::all_reduce, out.type, out.count, -1, r.kind));
+  if (out.bytes() <= o_.p2p_all_reduce_limit) {
+    co_await p2p_all_reduce(ctx, in, out, r);
+    co_return;
+  }
   const mpi::reduction_type rt(r);
   const void* send = in.data == out.data ? MPI_IN_PLACE : in.data;
   MPI_Request request = MPI_REQUEST_NULL;
