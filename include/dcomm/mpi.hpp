@@ -99,12 +99,21 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
     // call (see above); $DCOMM_MPI_CHECK_CALLS=1 turns it on too.
     bool check_calls = false;
     // An all_reduce of up to this many bytes (at most 1 MiB) is recursive
-    // doubling over MPI_Isend/MPI_Irecv (mpi/impl/small_all_reduce.hpp)
+    // doubling over MPI_Isend/MPI_Irecv (mpi/impl/p2p_all_reduce.hpp)
     // instead of MPI_Iallreduce, which sets up a schedule per call (Open
     // MPI 4.1, 2 ranks, 4 B: 1.1-1.3 us, where an exchange of messages
     // takes 0.5 us and the blocking MPI_Allreduce 0.6 us). 0: always
     // MPI's. $DCOMM_MPI_P2P_ALL_REDUCE_LIMIT sets it too.
     std::size_t p2p_all_reduce_limit = 16 * 1024;
+    // A larger all_reduce whose block per rank (its bytes / the group's
+    // ranks) is at least this goes around a ring of MPI_Isend/MPI_Irecv
+    // (mpi/impl/p2p_all_reduce.hpp): reduce-scatter, then all-gather;
+    // smaller blocks, MPI_Iallreduce (a ring of n waits 2(n-1) times on
+    // the network's latency). Open MPI 4.1's MPI_Iallreduce reduces to one
+    // rank and broadcasts below 4 ranks or in place: 8 MiB on 2 ranks,
+    // 2.3 ms, its blocking MPI_Allreduce 1.8 ms, this ring 1.2 ms.
+    // SIZE_MAX: never. $DCOMM_MPI_RING_ALL_REDUCE_BLOCK sets it too.
+    std::size_t ring_all_reduce_block = 8 * 1024;
   };
 
   // Initialises MPI if needed and makes the world's communicator, on (and
@@ -208,9 +217,11 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   DCOMM_EMIT_ON_USE detail::task<void> check_signature(const op_context& ctx, const char* operation,
                                                        std::uint64_t signature);
   std::string group_name(const op_context& ctx) const;
-  // --- mpi/impl/small_all_reduce.hpp ---
-  DCOMM_EMIT_ON_USE detail::task<void> p2p_all_reduce(op_context ctx, const_tensor_view in,
-                                                      tensor_view out, reducer r);
+  // --- mpi/impl/p2p_all_reduce.hpp: all_reduce over messages ---
+  DCOMM_EMIT_ON_USE detail::task<void> doubling_all_reduce(op_context ctx, const_tensor_view in,
+                                                           tensor_view out, reducer r);
+  DCOMM_EMIT_ON_USE detail::task<void> ring_all_reduce(op_context ctx, const_tensor_view in,
+                                                       tensor_view out, reducer r);
 
   asio::any_io_executor ex_;
   int rank_ = 0;
@@ -229,7 +240,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
 
 #include "dcomm/mpi/impl/backend.hpp"
 #include "dcomm/mpi/impl/operations.hpp"
-#include "dcomm/mpi/impl/small_all_reduce.hpp"
+#include "dcomm/mpi/impl/p2p_all_reduce.hpp"
 
 namespace dcomm {
 static_assert(backend<mpi_backend>);

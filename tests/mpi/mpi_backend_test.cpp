@@ -150,14 +150,17 @@ TEST_CASE("all_reduce: a custom functor, premul_sum, out of place") {
 }
 
 // Up to options::p2p_all_reduce_limit (16 KiB) an all_reduce is dcomm's
-// recursive doubling over messages, above it MPI_Iallreduce: both give
-// every rank the same bits, here with float sums whose value depends on
-// the order of the additions, and the exact sum where it does not.
-TEST_CASE("all_reduce on both sides of the message path's limit: the same bits everywhere") {
+// recursive doubling over messages; above it, a ring of messages where
+// each rank's block is 8 KiB or more (options::ring_all_reduce_block),
+// else MPI_Iallreduce (in worlds 3 and 4, limit + 1 elements). Each
+// gives every rank the same bits, here with float sums whose value
+// depends on the order of the additions, and the exact sum where it
+// does not (a count that 3 and 4 do not divide, for the ring).
+TEST_CASE("all_reduce by doubling, MPI's and the ring: the same bits everywhere") {
   auto& c = comm();
   const int n = c.size(), me = c.rank();
   const std::size_t limit = dcomm::mpi_backend::options{}.p2p_all_reduce_limit / sizeof(float);
-  for (std::size_t count : {limit - 1, limit, limit + 1}) {
+  for (std::size_t count : {limit - 1, limit, limit + 1, std::size_t{100'003}}) {
     CAPTURE(count);
     std::vector<float> x(count);
     for (std::size_t i = 0; i < count; ++i)  // 1e8 + small: rounding depends on order

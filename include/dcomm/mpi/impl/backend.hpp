@@ -132,6 +132,8 @@ inline std::shared_ptr<mpi_backend> mpi_backend::create_world(asio::any_io_execu
     o.check_calls = true;
   if (const char* v = std::getenv("DCOMM_MPI_P2P_ALL_REDUCE_LIMIT"); v && *v)
     o.p2p_all_reduce_limit = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("DCOMM_MPI_RING_ALL_REDUCE_BLOCK"); v && *v)
+    o.ring_all_reduce_block = std::strtoull(v, nullptr, 10);
   if (o.p2p_all_reduce_limit > mpi::max_p2p_all_reduce_limit)
     throw_error(errc::invalid_argument,
                 {.operation = "init_process_group",

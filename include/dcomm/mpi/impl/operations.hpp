@@ -147,7 +147,12 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(o
       ctx, "all_reduce",
       mpi::signature(mpi::call_kind::all_reduce, out.type, out.count, -1, r.kind));
   if (out.bytes() <= o_.p2p_all_reduce_limit) {
-    co_await p2p_all_reduce(ctx, in, out, r);
+    co_await doubling_all_reduce(ctx, in, out, r);
+    co_return;
+  }
+  if (out.bytes() / static_cast<std::size_t>(ctx.group->size()) >= o_.ring_all_reduce_block &&
+      out.count >= static_cast<std::size_t>(ctx.group->size())) {
+    co_await ring_all_reduce(ctx, in, out, r);
     co_return;
   }
   const mpi::reduction_type rt(r);

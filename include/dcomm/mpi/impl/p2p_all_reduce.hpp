@@ -1,16 +1,24 @@
-// A small all_reduce of dcomm's own over MPI's messages (MPI_Isend,
-// MPI_Irecv on the group's `own` communicator): recursive doubling, the
-// ranks beyond a power of two folding into a partner first and getting
-// the result from it last. MPI_Iallreduce builds a schedule per call
-// (Open MPI's libnbc: 9 allocations and ~0.7 us at 4 B, 2 ranks), more
-// than the exchange itself costs; options::p2p_all_reduce_limit says up
-// to which size this runs instead.
+// dcomm's own all_reduce over MPI's messages (MPI_Isend, MPI_Irecv on the
+// group's `own` communicator), where MPI_Iallreduce is slower than the
+// messages it needs (Open MPI 4.1's libnbc, the dev VM, 2 ranks):
+//   doubling_all_reduce, up to options::p2p_all_reduce_limit: recursive
+//     doubling, the ranks beyond a power of two folding into a partner
+//     first and getting the result from it last. libnbc builds a schedule
+//     per call (9 allocations, ~0.7 us at 4 B), more than the exchange
+//     itself costs.
+//   ring_all_reduce, above, where each rank's block is at least
+//     options::ring_all_reduce_block: reduce-scatter,
+//     then all-gather, around the ring, each rank sending 2(n-1)/n of the
+//     buffer. libnbc's default below 4 ranks (or in place) is a binomial
+//     reduce then broadcast, which moves the whole buffer twice.
 //
-// Every rank gets the same bits: each step combines the lower rank's
-// value first, op(lower, higher), on both sides. The reduction is
+// Recursive doubling gives every rank the same bits: each step combines
+// the lower rank's value first, op(lower, higher), on both sides; the
+// ring reduces each block on one rank and then copies it. The reduction is
 // dcomm's (reducer::combine), as on the CPU backend: fp16/bf16 through
 // float, functors without an MPI_Op. Where the ranks' calls differ in
-// size (all of this path), every rank fails with errc::mismatch: the
+// size (both on the doubling path), every rank fails with
+// errc::mismatch: the
 // ones that see it go through the remaining steps sending a message one
 // byte larger than any call of this path, which tells their partners,
 // so that no rank waits for a step that will not come. The tag is the
@@ -19,6 +27,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -51,7 +60,7 @@ class mpi_backend::scratch_lease {
   std::vector<std::byte> buf_;
 };
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::p2p_all_reduce(
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
     op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   const int n = ctx.group->size(), me = ctx.group->rank;
   const std::size_t bytes = out.bytes();
@@ -137,6 +146,68 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::p2p_all_redu
                  .rank = rank_,
                  .detail = "the ranks' all_reduce calls differ in size: " + mismatch});
   r.finish(out.data, out.count, n);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_reduce(
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+  const int n = ctx.group->size(), me = ctx.group->rank;
+  const std::size_t es = size_of(out.type), count = out.count;
+  // Out of place, `in` is read where the first pass over each block
+  // needs it (the first send, each block's first combine), not copied
+  // to `out` first: a pass over the buffer fewer.
+  auto* data = static_cast<std::byte*>(out.data);
+  const auto* mine = static_cast<const std::byte*>(in.data);
+  if (n == 1 && mine != data) std::memcpy(data, mine, count * es);  // no pass at all
+  const MPI_Comm comm = comms_of(ctx, "all_reduce").own;
+  const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  auto at = [n](int b) { return (b % n + n) % n; };
+  const std::string peers =
+      "ranks " + std::to_string(ctx.group->ranks[static_cast<std::size_t>(left)]) + " and " +
+      std::to_string(ctx.group->ranks[static_cast<std::size_t>(right)]);
+  // A block's incoming values land a segment at a time (bounded scratch).
+  const std::size_t segment = std::max<std::size_t>(1, mpi::ring_segment / es);
+  scratch_lease landing(*this, std::min(segment, count / static_cast<std::size_t>(n) + 1) * es);
+  MPI_Request requests[2];
+  auto post = [&](const void* send, std::size_t send_n, void* receive, std::size_t receive_n) {
+    requests[0] = requests[1] = MPI_REQUEST_NULL;
+    if (receive_n)
+      check(MPI_Irecv(receive, mpi::count_of(receive_n * es, "all_reduce", "byte count"), MPI_BYTE,
+                      left, tag, comm, &requests[0]),
+            ctx, "all_reduce");
+    if (send_n)
+      check(MPI_Isend(send, mpi::count_of(send_n * es, "all_reduce", "byte count"), MPI_BYTE, right,
+                      tag, comm, &requests[1]),
+            ctx, "all_reduce");
+  };
+  // Reduce-scatter: at step s this rank sends block me - s (its values
+  // combined with those it received so far) and combines block
+  // me - s - 1 into its own; after n - 1 steps it holds block me + 1.
+  for (int s = 0; s + 1 < n; ++s) {
+    const auto [send_at, send_n] = mpi::ring_block(count, n, at(me - s));
+    const auto [recv_at, recv_n] = mpi::ring_block(count, n, at(me - s - 1));
+    for (std::size_t done = 0; done < std::max(send_n, recv_n); done += segment) {
+      const std::size_t sn = done < send_n ? std::min(segment, send_n - done) : 0;
+      const std::size_t rn = done < recv_n ? std::min(segment, recv_n - done) : 0;
+      post((s == 0 ? mine : data) + (send_at + done) * es, sn, landing.data(), rn);
+      co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+      std::byte* to = data + (recv_at + done) * es;
+      if (mine == data)
+        r.combine(to, landing.data(), rn);
+      else
+        r.combine_to(to, mine + (recv_at + done) * es, landing.data(), rn);
+    }
+  }
+  const auto [own_at, own_n] = mpi::ring_block(count, n, at(me + 1));
+  r.finish(data + own_at * es, own_n, n);
+  // All-gather: at step s this rank passes on block me + 1 - s, and
+  // receives block me - s straight into place.
+  for (int s = 0; s + 1 < n; ++s) {
+    const auto [send_at, send_n] = mpi::ring_block(count, n, at(me + 1 - s));
+    const auto [recv_at, recv_n] = mpi::ring_block(count, n, at(me - s));
+    post(data + send_at * es, send_n, data + recv_at * es, recv_n);
+    co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+  }
 }
 
 }  // namespace dcomm
