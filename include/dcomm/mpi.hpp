@@ -17,10 +17,11 @@
 //   thread, which should then be the one that exits). A group is an MPI
 //   communicator made with MPI_Comm_split.
 // - Every operation is one of MPI's non-blocking calls (MPI_Isend,
-//   MPI_Iallreduce, ...), then tested on the backend's executor; a small
-//   all_reduce is dcomm's recursive doubling over MPI_Isend/MPI_Irecv
-//   (options::p2p_all_reduce_limit: MPI's schedule per non-blocking
-//   collective costs more than the messages). MPI moves
+//   MPI_Iallreduce, ...), then tested on the backend's executor; except
+//   that all_reduce and barrier are dcomm's own over MPI_Isend/MPI_Irecv
+//   where Open MPI's non-blocking collective is slower than the messages
+//   it needs (mpi/impl/p2p_all_reduce.hpp: recursive doubling for small
+//   ones and the barrier, a ring for large ones). MPI moves
 //   data only inside its calls (Open MPI's shared memory transport, a
 //   rendezvous), so a pending operation is tested without pause for
 //   options::spin, then between the executor's other handlers (each test
@@ -218,8 +219,10 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
                                                        std::uint64_t signature);
   std::string group_name(const op_context& ctx) const;
   // --- mpi/impl/p2p_all_reduce.hpp: all_reduce over messages ---
+  // (A barrier is one of nothing: `operation` names the call.)
   DCOMM_EMIT_ON_USE detail::task<void> doubling_all_reduce(op_context ctx, const_tensor_view in,
-                                                           tensor_view out, reducer r);
+                                                           tensor_view out, reducer r,
+                                                           const char* operation);
   DCOMM_EMIT_ON_USE detail::task<void> ring_all_reduce(op_context ctx, const_tensor_view in,
                                                        tensor_view out, reducer r);
 

@@ -183,9 +183,10 @@ TEST_CASE("all_reduce by doubling, MPI's and the ring: the same bits everywhere"
   }
 }
 
-// Calls that differ in size on the message path: every rank fails with
-// errc::mismatch (not only the partners of the odd one, and none waits
-// for a step that will not come), and the backend goes on.
+// Calls that differ in size on the message path (a barrier is an
+// all_reduce of nothing there): every rank fails with errc::mismatch (not
+// only the partners of the odd one, and none waits for a step that will
+// not come), and the backend goes on.
 TEST_CASE("small all_reduces that differ in size: every rank fails with mismatch") {
   auto& c = comm();
   const int n = c.size(), me = c.rank();
@@ -203,6 +204,21 @@ TEST_CASE("small all_reduces that differ in size: every rank fails with mismatch
   std::vector<int> one{1};
   c.all_reduce(one, dcomm::sum, dcomm::blocking);
   CHECK(one[0] == n);
+  // A barrier (the same path, with nothing) against an all_reduce.
+  failure.clear();
+  try {
+    if (me == 0)
+      c.barrier(dcomm::op_options{.timeout = 10s}, dcomm::blocking);
+    else
+      c.all_reduce(x, dcomm::sum, dcomm::op_options{.timeout = 10s}, dcomm::blocking);
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::mismatch);
+    failure = e.what();
+  }
+  INFO(failure);
+  CHECK(failure.find(me == 0 ? "barrier" : "all_reduce") != std::string::npos);
+  CHECK(failure.find("differ in size") != std::string::npos);
+  c.barrier(dcomm::blocking);
 }
 
 TEST_CASE("p2p_all_reduce_limit above 1 MiB is refused before anything is made") {

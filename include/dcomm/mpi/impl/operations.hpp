@@ -99,6 +99,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::recv(op_cont
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_context ctx) {
   check_alive(ctx, "barrier");
   co_await check_signature(ctx, "barrier", mpi::signature(mpi::call_kind::barrier));
+  if (o_.p2p_all_reduce_limit > 0) {  // an all_reduce of nothing, without MPI's schedule
+    co_await doubling_all_reduce(ctx, {}, {}, {}, "barrier");
+    co_return;
+  }
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_of(ctx, "barrier"), &request), ctx, "barrier");
   co_await wait(&request, 1, ctx, "barrier");
@@ -147,7 +151,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(o
       ctx, "all_reduce",
       mpi::signature(mpi::call_kind::all_reduce, out.type, out.count, -1, r.kind));
   if (out.bytes() <= o_.p2p_all_reduce_limit) {
-    co_await doubling_all_reduce(ctx, in, out, r);
+    co_await doubling_all_reduce(ctx, in, out, r, "all_reduce");
     co_return;
   }
   if (out.bytes() / static_cast<std::size_t>(ctx.group->size()) >= o_.ring_all_reduce_block &&

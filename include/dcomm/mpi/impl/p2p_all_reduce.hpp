@@ -61,11 +61,11 @@ class mpi_backend::scratch_lease {
 };
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r, const char* operation) {
   const int n = ctx.group->size(), me = ctx.group->rank;
   const std::size_t bytes = out.bytes();
   if (in.data != out.data && bytes) std::memcpy(out.data, in.data, bytes);
-  const MPI_Comm comm = comms_of(ctx, "all_reduce").own;
+  const MPI_Comm comm = comms_of(ctx, operation).own;
   const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
   // Every message is received into `landing`, room for any call of this
   // path and one byte more: a message of that size says its sender saw
@@ -86,12 +86,12 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all
     requests[0] = requests[1] = MPI_REQUEST_NULL;
     if (receive)
       check(MPI_Irecv(landing, capacity, MPI_BYTE, partner, tag, comm, &requests[0]), ctx,
-            "all_reduce");
+            operation);
     if (send)
       check(mismatch.empty()
                 ? MPI_Isend(out.data, count, MPI_BYTE, partner, tag, comm, &requests[1])
                 : MPI_Isend(poison, capacity, MPI_BYTE, partner, tag, comm, &requests[1]),
-            ctx, "all_reduce");
+            ctx, operation);
   };
   // Whether what arrived is a value to use.
   auto arrived_well = [&](int partner) {
@@ -119,32 +119,32 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all
   if (me >= pow2) {  // folds into me - pow2, which sends the result back
     const int partner = me - pow2;
     post(partner, true, false);
-    co_await wait(requests, 2, ctx, "all_reduce", statuses, peer(partner));
+    co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
     post(partner, false, true);
-    co_await wait(requests, 2, ctx, "all_reduce", statuses, peer(partner));
+    co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
     if (arrived_well(partner) && bytes) std::memcpy(out.data, landing, bytes);
   } else {
     if (me < extra) {
       post(me + pow2, false, true);
-      co_await wait(requests, 2, ctx, "all_reduce", statuses, peer(me + pow2));
+      co_await wait(requests, 2, ctx, operation, statuses, peer(me + pow2));
       if (arrived_well(me + pow2)) combine_with(me + pow2);
     }
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = me ^ mask;
       post(partner, true, true);
-      co_await wait(requests, 2, ctx, "all_reduce", statuses, peer(partner));
+      co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
       if (arrived_well(partner)) combine_with(partner);
     }
     if (me < extra) {
       post(me + pow2, true, false);
-      co_await wait(requests, 2, ctx, "all_reduce", statuses, peer(me + pow2));
+      co_await wait(requests, 2, ctx, operation, statuses, peer(me + pow2));
     }
   }
   if (!mismatch.empty())
-    throw_error(errc::mismatch,
-                {.operation = "all_reduce #" + std::to_string(ctx.seq) + " of " + group_name(ctx),
-                 .rank = rank_,
-                 .detail = "the ranks' all_reduce calls differ in size: " + mismatch});
+    throw_error(errc::mismatch, {.operation = std::string(operation) + " #" +
+                                              std::to_string(ctx.seq) + " of " + group_name(ctx),
+                                 .rank = rank_,
+                                 .detail = "the ranks' calls differ in size: " + mismatch});
   r.finish(out.data, out.count, n);
 }
 
