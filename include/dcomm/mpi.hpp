@@ -147,8 +147,9 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   // The last handle went away: the groups' communicators are freed.
   void close(std::function<void()> closed = {});
 
-  // MPI picks its algorithms itself (tune them with MPI's own parameters,
-  // e.g. OMPI_MCA_coll_tuned_*): a call may not ask for one of dcomm's.
+  // The backend picks its algorithms itself (MPI's, tuned with MPI's own
+  // parameters, e.g. OMPI_MCA_coll_tuned_*; for all_reduce and barrier
+  // dcomm's over messages, set by options): a call may not ask for one.
   static void check_algorithm(std::string_view operation, algorithm a);
   // Host memory only.
   void check_tensor(const const_tensor_view& v, const char* operation) const;

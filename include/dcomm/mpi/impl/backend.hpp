@@ -221,8 +221,9 @@ inline void mpi_backend::check_algorithm(std::string_view operation, algorithm a
                 {.operation = std::string(operation),
                  .expected = "algorithm::automatic",
                  .seen = std::string(dcomm::name(a)),
-                 .detail = "the MPI backend runs MPI's own algorithms (tune them with the MPI "
-                           "library's parameters)"});
+                 .detail = "the MPI backend picks its algorithms itself: MPI's (tune them "
+                           "with the MPI library's parameters), and for all_reduce and barrier "
+                           "dcomm's over MPI's messages (mpi_backend::options)"});
 }
 
 inline void mpi_backend::check_tensor(const const_tensor_view& v, const char* operation) const {
