@@ -460,32 +460,75 @@ TEST_SUITE("shared memory") {
   }
 
   TEST_CASE("SIGKILL mid-collective over shared memory: peer_lost naming it, nothing left") {
+    DCOMM_TEST_DEADLINE(120s);
+    // 32 MiB goes through the slots in steps; 8 MiB in one copy, the
+    // others reading rank 2's buffers (tcp/algorithms/shared_memory.hpp).
+    for (std::size_t count : {std::size_t{8} << 20, std::size_t{2} << 20}) {
+      CAPTURE(count);
+      const auto before = files_in("/dev/shm");
+      dcomm::test::listening_socket master;
+      const auto start = std::chrono::steady_clock::now();
+      auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
+        ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
+        auto c = join_forked_world(master, rank, 4);
+        for (int p = 0; p < 4; ++p)
+          if (p != rank && c.backend().link_to(p) != "shm") return 5;
+        std::vector<float> v(count, 1.0f);
+        c.all_reduce(v, dcomm::sum, dcomm::blocking);  // the links work
+        if (rank == 2) {
+          // Started, its first step published, never finished: the others
+          // come later, so it dies holding its slot.
+          c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
+          std::this_thread::sleep_for(30ms);
+          ::kill(::getpid(), SIGKILL);
+        }
+        std::this_thread::sleep_for(300ms);
+        return code_after_rank_2_died(rank, [&] { c.all_reduce(v, dcomm::sum, dcomm::blocking); });
+      });
+      INFO(dcomm::test::describe(results));
+      CHECK(results[2].signal == SIGKILL);
+      for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
+      CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
+      CHECK(files_in("/dev/shm") == before);
+    }
+  }
+
+  TEST_CASE(
+      "all_reduce between processes in one copy, or through the slots where one may not read") {
     DCOMM_TEST_DEADLINE(90s);
-    const auto before = files_in("/dev/shm");
-    dcomm::test::listening_socket master;
-    const auto start = std::chrono::steady_clock::now();
-    auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
-      auto c = join_forked_world(master, rank, 4);
-      for (int p = 0; p < 4; ++p)
-        if (p != rank && c.backend().link_to(p) != "shm") return 5;
-      // Many arena steps (and larger than a ring, over the links).
-      std::vector<float> v(8 << 20, 1.0f);
-      c.all_reduce(v, dcomm::sum, dcomm::blocking);  // the links work
-      if (rank == 2) {
-        // Started, its first step published, never finished: the others
-        // come later, so it dies holding its slot.
-        c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
-        std::this_thread::sleep_for(30ms);
-        ::kill(::getpid(), SIGKILL);
-      }
-      std::this_thread::sleep_for(300ms);
-      return code_after_rank_2_died(rank, [&] { c.all_reduce(v, dcomm::sum, dcomm::blocking); });
-    });
-    INFO(dcomm::test::describe(results));
-    CHECK(results[2].signal == SIGKILL);
-    for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
-    CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
-    CHECK(files_in("/dev/shm") == before);
+    // 3 ranks (a count they do not divide), 4 MiB and more, in place and
+    // out of place: the one-copy path where every rank may read the
+    // others, the slots where rank 1 may not (it would fail the call with
+    // errc::system_error if it tried).
+    for (bool forbidden : {false, true}) {
+      CAPTURE(forbidden);
+      dcomm::test::listening_socket master;
+      auto results = dcomm::test::fork_world(3, 60s, [&](int rank) {
+        if (forbidden && rank == 1 && !forbid_reading_other_processes()) return 6;
+        ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
+        auto c = join_forked_world(master, rank, 3);
+        const std::size_t count = (std::size_t{1} << 20) + 7;
+        auto value = [](int r, std::size_t i) { return static_cast<float>((i % 1000) * (r + 1)); };
+        for (int round = 0; round < 2; ++round) {
+          std::vector<float> in(count), out(count, -1.0f);
+          for (std::size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+          if (round == 0)
+            c.all_reduce(in, out, dcomm::sum, dcomm::blocking);
+          else
+            c.all_reduce(in, dcomm::sum, dcomm::blocking);
+          const std::vector<float>& got = round == 0 ? out : in;
+          for (std::size_t i = 0; i < count; ++i)
+            if (got[i] != static_cast<float>((i % 1000) * 6)) return 7 + round;
+          if (round == 0)
+            for (std::size_t i = 0; i < count; i += 4099)
+              if (in[i] != value(rank, i)) return 9;  // the input untouched
+        }
+        c.barrier(dcomm::blocking);
+        return 0;
+      });
+      INFO(dcomm::test::describe(results));
+      for (const auto& r : results) CHECK(r.exit_code == 0);
+    }
   }
 
   TEST_CASE("a stopped rank's shared memory says where it stopped: outside dcomm, or in a call") {

@@ -74,4 +74,14 @@ inline bool is_reachable(const process_identity& id, const char* segment_base) {
          seen == id.nonce;
 }
 
+// What a rank puts in its arena slot at the first step of an all_reduce
+// in one copy (tcp/algorithms/shared_memory.hpp): where its buffers are,
+// and whether it may read every other member's memory (the ranks take
+// that path only where all of them may).
+struct buffer_offer {
+  std::uint64_t in = 0;
+  std::uint64_t out = 0;
+  std::uint64_t reads_all = 0;
+};
+
 }  // namespace dcomm::shm

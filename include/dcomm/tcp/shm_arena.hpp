@@ -17,6 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <string>
+#include <system_error>
 
 #include "dcomm/shm/arena.hpp"
 #include "dcomm/tcp/call.hpp"
@@ -126,6 +129,41 @@ class arena_call {
   }
   DCOMM_EMIT_ON_USE detail::task<void> wait_reduced() {
     return c_.wait_until([this] { return reached(true); });
+  }
+
+  // This rank's other slot, its own to use until its next step: once
+  // every rank arrived at this step, none reads the step before (the
+  // rule of shm/arena.hpp).
+  std::byte* spare_slot() { return a_.slot(mine(), record_ ^ 1); }
+  // Single copy (shm/single_copy.hpp): whether this rank may read group
+  // rank p's memory; a read of it, false where it may be torn because p
+  // left this call (failed there: its buffers may have gone back to its
+  // caller): then the caller waits for the failure that made p leave
+  // (wait_failed). A rank whose process is gone fails the call with
+  // errc::peer_lost; a read the kernel refuses, with errc::system_error.
+  bool may_read(int p) { return t_.may_read(global(p)); }
+  bool read(int p, void* to, std::uint64_t from, std::size_t n) {
+    const int why = t_.read_peer(op(), global(p), to, from, n);
+    if (why == 0) return still_in(p);
+    if (!still_in(p)) return false;
+    std::rethrow_exception(
+        t_.make_error(errc::system_error, op(), "rank " + std::to_string(global(p)),
+                      "process_vm_readv of " + std::to_string(n) +
+                          " bytes of its buffer: " + std::generic_category().message(why)));
+  }
+  bool still_in(int p) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the reads come before this look
+    return a_.state(static_cast<std::size_t>(p)).left.load(std::memory_order_acquire) <
+           shm::arena_stamp(op().seq, 0);
+  }
+  // Until the call fails: a member's lost link, a failure another member
+  // forwards, or the deadline (never returns normally).
+  DCOMM_EMIT_ON_USE detail::task<void> wait_failed() {
+    return c_.wait_until([this] {
+      for (int q = 0; q < n_; ++q)
+        if (q != me_ && t_.arena_peer_gone(op(), global(q))) return false;
+      return false;
+    });
   }
 
   // Group rank p's slot at this step (once it arrived).

@@ -424,23 +424,47 @@ inline void transport::close_bell_if_unused() {
 // kernel refused, the peer is not the process its identity says, or the
 // peer withdrew an offer meanwhile, perhaps this one: then what was read
 // may be torn, and the ring brings it again if the send still stands).
-inline bool transport::read_directly(peer_link& l, io_item& it, const wire_header& rts) {
+inline bool transport::may_read(int p) {
   using direct = peer_link::direct_reads;
-  if (!l.shm || !options_.shm_single_copy || l.shm_direct == direct::refused || !it.bytes)
-    return false;
-  const shm::process_identity& peer = shm_->identity(l.shm_local);
+  peer_link& l = *links_[static_cast<std::size_t>(p)];
+  if (!l.shm || !options_.shm_single_copy || l.shm_direct == direct::refused) return false;
   if (l.shm_direct == direct::untried) {
-    l.shm_direct = shm::is_reachable(peer, shm_->base()) ? direct::allowed : direct::refused;
+    l.shm_direct = shm::is_reachable(shm_->identity(l.shm_local), shm_->base()) ? direct::allowed
+                                                                                : direct::refused;
     if (l.shm_direct == direct::refused)
       log(detail::log_level::info, "rank " + std::to_string(rank_) + " cannot read rank " +
-                                       std::to_string(it.peer) +
-                                       "'s memory (process_vm_readv): its large messages come "
-                                       "through the ring");
+                                       std::to_string(p) +
+                                       "'s memory (process_vm_readv): its large messages and "
+                                       "collectives go through shared memory in two copies");
   }
-  if (l.shm_direct != direct::allowed) return false;
+  return l.shm_direct == direct::allowed;
+}
+
+inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t from, std::size_t n) {
+  peer_link& l = *links_[static_cast<std::size_t>(p)];
+  const int saved = errno;
+  const auto read = shm::read_process(
+      shm_->identity(l.shm_local).pid.load(std::memory_order_relaxed), to, from, n);
+  const int why = read == shm::read_result::done ? 0 : errno;
+  errno = saved;
+  if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
+  if (why == ESRCH) {  // its process is gone (its link will say so too)
+    if (op.lost_rank < 0) op.lost_rank = p;
+    note_cause(fail_reason::peer_lost, p);
+    std::rethrow_exception(make_error(
+        errc::peer_lost, op, "rank " + std::to_string(p),
+        "its process is gone (process_vm_readv: " + std::generic_category().message(why) + ")",
+        l.address));
+  }
+  return why;
+}
+
+inline bool transport::read_directly(peer_link& l, io_item& it, const wire_header& rts) {
+  if (!it.bytes || !may_read(it.peer)) return false;
+  const shm::process_identity& peer = shm_->identity(l.shm_local);
   const auto read = shm::read_process(peer.pid.load(std::memory_order_relaxed), it.recv_buffer,
                                       rts.cookie2, it.bytes);
-  if (read == shm::read_result::refused) l.shm_direct = direct::refused;
+  if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
   if (read != shm::read_result::done) return false;
   // The reads above come before this look: unless the count moved, the
   // sender still held the buffer after them.

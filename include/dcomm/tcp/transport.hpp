@@ -365,6 +365,13 @@ class transport : public std::enable_shared_from_this<transport> {
   bool report_refused_send_in_arena(op_state& op);
   bool refused_send_pending(const op_state& op) const;
   void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
+  // Single copy between ranks of this host (shm/single_copy.hpp), for the
+  // arena's large all_reduce: whether this rank may read `peer`'s memory
+  // (options' shm_single_copy and the kernel; asked once per link), and a
+  // read of it: 0, or errno (a refusal marks the link; a peer whose
+  // process is gone fails the op with errc::peer_lost naming it).
+  bool may_read(int peer);
+  int read_peer(op_state& op, int peer, void* to, std::uint64_t from, std::size_t n);
 
   // Shutdown (tcp/shutdown.hpp). abort(): fails every pending and future
   // operation and closes every link. close(): the communicator was

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "dcomm/shm/single_copy.hpp"
 #include "dcomm/tcp/call.hpp"
 #include "dcomm/tcp/shm_arena.hpp"
 
@@ -29,6 +30,14 @@ namespace dcomm::tcp {
 
 // Up to this size an all_reduce is one step, each rank reducing it whole.
 inline constexpr std::size_t one_pass_reduce = 16 * 1024;
+// Between these sizes an all_reduce asks whether every rank may read the
+// others' memory, and then runs in one copy (shm_all_reduce_direct). On
+// the development VM (2 ranks, busbw GB/s, slots -> one copy): 1 MiB
+// 5.5-6.9 -> 6.0-7.3, 4 MiB 5.0-6.1 -> 6.6-7.3, 16 MiB 5.3-6.0 -> 6.1-6.9,
+// but 32 MiB 4.7-4.9 -> 3.8-3.9 and 64 MiB 4.0-4.2 -> 3.4 (the slots'
+// 256 KiB steps keep what a rank reads in the caches).
+inline constexpr std::size_t direct_all_reduce = 1 << 20;
+inline constexpr std::size_t direct_all_reduce_max = 16 << 20;
 // Up to this size an automatic reduce meets in the arena (its root reduces
 // every slot; world 2 on 2 cores: 64 KiB in 9-12 us against 57 us by
 // messages, 128 KiB 139-156 us against 37-57).
@@ -121,6 +130,82 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
   } while (first < count);
 }
 
+// shm_all_reduce of direct_all_reduce bytes, in one copy where every rank
+// may read the others' memory (shm/single_copy.hpp; options'
+// shm_single_copy): false where one may not, after the step where the
+// ranks say so (the caller then takes the slots, from its next step).
+//   step 1: each rank offers where its buffers are (shm::buffer_offer);
+//   then it reduces its share, reading it from every other rank's input
+//     into its spare slot a slot's worth at a time (the first combine
+//     from its own input into its output), and says so;
+//   then it reads the others' shares from their outputs into its own;
+//   step 2, with nothing in it: no rank returns (and gives its buffers
+//     back) while another may still read them.
+// Each rank moves 2(n-1)/n of the buffer through process_vm_readv and
+// reduces 1/n of it: no copy into or out of the slots.
+DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena_call& a,
+                                                                  const void* in, void* out,
+                                                                  std::size_t count, std::size_t es,
+                                                                  const reducer& op) {
+  const int n = c.size(), r = c.rank();
+  const auto ranks = static_cast<std::size_t>(n);
+  shm::buffer_offer offer{.in = reinterpret_cast<std::uintptr_t>(in),
+                          .out = reinterpret_cast<std::uintptr_t>(out),
+                          .reads_all = 1};
+  for (int p = 0; p < n; ++p)
+    if (p != r && !a.may_read(p)) offer.reads_all = 0;
+  std::memcpy(a.begin_step(), &offer, sizeof offer);
+  a.arrive();
+  if (!a.all_arrived()) co_await a.wait_arrived();
+  auto offer_of = [&](int p) {
+    shm::buffer_offer o;
+    std::memcpy(&o, a.slot_of(p), sizeof o);
+    return o;
+  };
+  for (int p = 0; p < n; ++p)
+    if (p != r && !offer_of(p).reads_all) co_return false;
+  if (!offer.reads_all) co_return false;
+  // This rank's share: `in` first, then every other rank's in rank order.
+  const extent share = split(count, ranks, static_cast<std::size_t>(r));
+  std::byte* landing = a.spare_slot();
+  const std::size_t per_read = a.slot_bytes() / es;
+  for (std::size_t done = 0; done < share.count; done += per_read) {
+    const std::size_t k = std::min(per_read, share.count - done), at = (share.offset + done) * es;
+    void* result = bytes_at(out, at);
+    bool first = true;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      if (!a.read(p, landing, offer_of(p).in + at, k * es)) {
+        co_await a.wait_failed();
+        co_return true;
+      }
+      if (!first)
+        op.combine(result, landing, k);
+      else if (out != in)
+        op.combine_to(result, bytes_at(in, at), landing, k);
+      else
+        op.combine(result, landing, k);
+      first = false;
+    }
+    op.finish(result, k, n);
+  }
+  a.reduced();
+  if (!a.all_reduced()) co_await a.wait_reduced();
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    const extent e = split(count, ranks, static_cast<std::size_t>(p));
+    if (e.count &&
+        !a.read(p, bytes_at(out, e.offset * es), offer_of(p).out + e.offset * es, e.count * es)) {
+      co_await a.wait_failed();
+      co_return true;
+    }
+  }
+  a.begin_step();
+  a.arrive();
+  if (!a.all_arrived()) co_await a.wait_arrived();
+  co_return true;
+}
+
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out,
                                                            std::size_t count, std::size_t es,
                                                            const reducer& op) {
@@ -138,6 +223,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* 
     op.finish(out, count, n);
     co_return;
   }
+  if (count * es >= direct_all_reduce && count * es <= direct_all_reduce_max &&
+      co_await shm_all_reduce_direct(c, a, in, out, count, es, op))
+    co_return;
   const std::size_t per_step = a.slot_bytes() / es;
   const std::size_t ranks = static_cast<std::size_t>(n), me = static_cast<std::size_t>(r);
   for (std::size_t first = 0; first < count; first += per_step) {
