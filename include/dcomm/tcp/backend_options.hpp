@@ -67,13 +67,16 @@ struct backend_options {
   std::size_t shm_slot_bytes = 256 * 1024;
   // Messages above eager_limit to a rank of this host: the receiver reads
   // them from the sender's buffer (process_vm_readv, one copy instead of
-  // two through the ring) where the kernel allows. Off unless
-  // $DCOMM_SHM_SINGLE_COPY is 1: measured slower than the ring, whose two
-  // copies run at once on two cores, wherever process_vm_readv copies at a
-  // fraction of memcpy's speed (docs/communicator.md: measure yours).
+  // two through the ring) where the kernel allows; likewise an all_reduce
+  // of 1-16 MiB among a host's ranks (tcp/algorithms/shared_memory.hpp).
+  // On unless $DCOMM_SHM_SINGLE_COPY is 0. Measured both ways: on the
+  // development VM one copy is 1.6-2x faster for send/recv from 256 KiB
+  // up and 10-20 % for those all_reduces; on an earlier machine
+  // process_vm_readv copied at a quarter of memcpy's speed and the ring
+  // won (docs/communicator.md: measure yours).
   bool shm_single_copy = [] {
     const char* v = std::getenv("DCOMM_SHM_SINGLE_COPY");
-    return v && std::string(v) == "1";
+    return !(v && std::string(v) == "0");
   }();
   // How long a waiting operation polls shared memory before it sleeps
   // (a system call to wake it then); $DCOMM_SHM_SPIN_US if set. Polling
