@@ -201,12 +201,18 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
   const auto [own_at, own_n] = mpi::ring_block(count, n, at(me + 1));
   r.finish(data + own_at * es, own_n, n);
   // All-gather: at step s this rank passes on block me + 1 - s, and
-  // receives block me - s straight into place.
+  // receives block me - s straight into place (in messages of at most
+  // 1 GiB: MPI's counts are ints).
+  const std::size_t whole = std::max<std::size_t>(1, (std::size_t{1} << 30) / es);
   for (int s = 0; s + 1 < n; ++s) {
     const auto [send_at, send_n] = mpi::ring_block(count, n, at(me + 1 - s));
     const auto [recv_at, recv_n] = mpi::ring_block(count, n, at(me - s));
-    post(data + send_at * es, send_n, data + recv_at * es, recv_n);
-    co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+    for (std::size_t done = 0; done < std::max(send_n, recv_n); done += whole) {
+      const std::size_t sn = done < send_n ? std::min(whole, send_n - done) : 0;
+      const std::size_t rn = done < recv_n ? std::min(whole, recv_n - done) : 0;
+      post(data + (send_at + done) * es, sn, data + (recv_at + done) * es, rn);
+      co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+    }
   }
 }
 
