@@ -1,9 +1,9 @@
 // The shared memory links of the CPU backend (tcp/shm_links.hpp, shm/):
 // which peers get them, what a killed rank leaves behind, the doorbell and
-// the handover, the arenas (the host's and the groups'), large messages in
-// one copy. The collective and point-to-point suites run over them too
-// (every thread world of one process is one host; meson reruns them over
-// TCP only, as two hosts, and with single copy on).
+// the handover, the arenas (the host's and the groups'), large messages and
+// all_reduces in one copy. The collective and point-to-point suites run
+// over them too (every thread world of one process is one host; meson
+// reruns them over TCP only, as two hosts, and in two copies).
 // Size: one translation unit for the shared memory component, over 600
 // lines: each Asio-heavy unit costs every CI build a minute.
 #include <dirent.h>
