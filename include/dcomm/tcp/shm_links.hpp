@@ -419,11 +419,6 @@ inline void transport::close_bell_if_unused() {
 
 // --- single copy (shm/single_copy.hpp) ---
 
-// A large message from a peer of this host, offered at rts.cookie2: read
-// into the receive's buffer at once. False: it goes through the ring (the
-// kernel refused, the peer is not the process its identity says, or the
-// peer withdrew an offer meanwhile, perhaps this one: then what was read
-// may be torn, and the ring brings it again if the send still stands).
 inline bool transport::may_read(int p) {
   using direct = peer_link::direct_reads;
   peer_link& l = *links_[static_cast<std::size_t>(p)];
@@ -459,6 +454,11 @@ inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t fro
   return why;
 }
 
+// A large message from a peer of this host, offered at rts.cookie2: read
+// into the receive's buffer at once. False: it goes through the ring (the
+// kernel refused, the peer is not the process its identity says, or the
+// peer withdrew an offer meanwhile, perhaps this one: then what was read
+// may be torn, and the ring brings it again if the send still stands).
 inline bool transport::read_directly(peer_link& l, io_item& it, const wire_header& rts) {
   if (!it.bytes || !may_read(it.peer)) return false;
   const shm::process_identity& peer = shm_->identity(l.shm_local);
