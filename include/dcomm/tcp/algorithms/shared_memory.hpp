@@ -15,7 +15,10 @@
 //     bits on every rank); above, per slot's worth, each rank reduces its
 //     share (from its own input and every other slot, into its output and
 //     then its slot: the reduction split across ranks, as in DeepSpeed's
-//     shm all_reduce), says so, and copies the others' shares out.
+//     shm all_reduce), says so, and copies the others' shares out; from
+//     direct_all_reduce to direct_all_reduce_max bytes, where every rank
+//     may read the others' memory, the same split without the slots'
+//     copies (shm_all_reduce_direct: process_vm_readv of their buffers).
 #pragma once
 
 #include <algorithm>
@@ -179,9 +182,7 @@ DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena
         co_await a.wait_failed();
         co_return true;
       }
-      if (!first)
-        op.combine(result, landing, k);
-      else if (out != in)
+      if (first && out != in)
         op.combine_to(result, bytes_at(in, at), landing, k);
       else
         op.combine(result, landing, k);
