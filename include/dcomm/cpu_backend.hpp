@@ -232,8 +232,15 @@ class cpu_backend {
   DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
     const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
     tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
+    if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
+      // Three coroutine frames fewer where every rank arrives within one
+      // spin (call::at_once): world-2 barrier 0.60 -> 0.52 us.
+      tcp::arena_call a(c);
+      if (!c.at_once([&] { return tcp::shm_barrier_at_once(a); }))
+        co_await c.run([&] { return tcp::shm_barrier(a); });
+      co_return;
+    }
     co_await c.run([&] {
-      if (arena) return tcp::shm_barrier(c);
       if (choose(c, coll_op::barrier) == algorithm::hierarchical)
         return tcp::hierarchical_barrier(c, c.hosts());
       return tcp::dissemination_barrier(c);
@@ -337,10 +344,14 @@ class cpu_backend {
     const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
     tcp::call c(*net_, ctx, true,
                 sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
-    co_await c.run([&] {
-      if (arena) return tcp::shm_all_reduce(c, in.data, out.data, out.count, size_of(out.type), op);
-      return all_reduce_on(c, in.data, out.data, out.count, out.type, op);
-    });
+    if (arena && !c.state().failure) {  // as barrier's
+      tcp::arena_call a(c);
+      const std::size_t n = out.count, es = size_of(out.type);
+      if (!c.at_once([&] { return tcp::shm_all_reduce_at_once(a, in.data, out.data, n, es, op); }))
+        co_await c.run([&] { return tcp::shm_all_reduce(c, a, in.data, out.data, n, es, op); });
+      co_return;
+    }
+    co_await c.run([&] { return all_reduce_on(c, in.data, out.data, out.count, out.type, op); });
   }
 
   // in: n blocks (root only); out: one block.

@@ -237,7 +237,8 @@ TEST_SUITE("tcp groups") {
       auto evens = c.new_group({0, 2});
       auto odds = c.new_group({1, 3});
       auto& pair = r % 2 == 0 ? evens : odds;
-      // Start many operations at once on three groups, then wait for all.
+      // Start many operations at once on three groups, then wait for all
+      // (barriers too: in the arena each waits for the turn of the last).
       std::vector<std::vector<float>> a(8, std::vector<float>(5000, 1.0f)),
           b(8, std::vector<float>(3, 2.0f)), w(8, std::vector<float>(20000, static_cast<float>(r)));
       // Callbacks: everything is started before anything is awaited.
@@ -251,8 +252,10 @@ TEST_SUITE("tcp groups") {
         pair->all_reduce(a[i], dcomm::sum, done);
         low->all_reduce(b[i], dcomm::max, done);
         c.all_reduce(w[i], dcomm::sum, done);
+        c.barrier(done);
+        pair->barrier(done);
       }
-      while (finished < 24) {
+      while (finished < 40) {
         asio::steady_timer pause(co_await asio::this_coro::executor, 1ms);
         co_await pause.async_wait(asio::use_awaitable);
       }

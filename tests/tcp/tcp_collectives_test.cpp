@@ -10,6 +10,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <typeinfo>
@@ -158,6 +159,38 @@ TEST_SUITE("tcp collectives") {
     DCOMM_TEST_DEADLINE(60s);
     for (int world : {1, 3})
       DCOMM_REQUIRE_WORLD(world, [](comm& c, int) { return functors_views_objects(c); });
+  }
+
+  // In the arena a small all_reduce reduces within its first spin, outside
+  // any coroutine (call::at_once): what its functor throws must still fail
+  // the call the way it does anywhere else, and leave the group usable.
+  TEST_CASE("a reduction functor that throws fails the call; the next call works") {
+    DCOMM_TEST_DEADLINE(60s);
+    for (int world : {2, 3})
+      DCOMM_REQUIRE_WORLD(world, [](comm& c, int r) -> asio::awaitable<void> {
+        auto refuses_13 = [](std::int32_t a, std::int32_t b) {
+          if (a == 13 || b == 13) throw std::domain_error("13 refused");
+          return a + b;
+        };
+        for (std::size_t count : {std::size_t{1}, std::size_t{5000}}) {
+          std::vector<std::int32_t> v(count, 13);
+          std::string got;
+          try {
+            co_await c.all_reduce(v, refuses_13);
+          } catch (const std::domain_error& e) {
+            got = e.what();
+          } catch (const dcomm::error& e) {
+            got = "dcomm::error";  // told by a rank whose functor threw
+          }
+          if (got.empty())
+            throw check_failed("rank " + std::to_string(r) + ": the call did not fail");
+          std::vector<std::int32_t> w(count, r);
+          co_await c.all_reduce(w, refuses_13);
+          const int n = c.size();
+          expect_equal<std::int32_t>({"all_reduce after the failed one", r, n, count}, w,
+                                     std::vector<std::int32_t>(count, n * (n - 1) / 2));
+        }
+      });
   }
 
   TEST_CASE("bad input fails before anything is sent, naming the operation") {

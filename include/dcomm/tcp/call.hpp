@@ -209,18 +209,35 @@ class call {
   template <class Body>
   detail::task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
-    std::exception_ptr failure;
+    std::exception_ptr failure = std::exchange(failed_at_once_, nullptr);
+    if (!failure) try {
+        confirm();
+        if constexpr (std::is_void_v<std::invoke_result_t<Body&>>)
+          body();
+        else
+          co_await body();
+        if (op_.failure || !all_done()) co_await wait_all();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    if (failure) co_await t_.abandon(op_, failure);
+  }
+
+  // The algorithm's first part run to the end at once, without a coroutine
+  // frame (run's, the algorithm's, its wait's): `body` says whether it got
+  // there (a small call in the arena whose ranks all arrived within one
+  // spin: tcp/algorithms/shared_memory.hpp). False: the caller co_awaits
+  // run() with the rest, which also reports what failed here.
+  template <class Body>
+  bool at_once(Body body) {
+    if (op_.failure) return false;
     try {
       confirm();
-      if constexpr (std::is_void_v<std::invoke_result_t<Body&>>)
-        body();
-      else
-        co_await body();
-      if (op_.failure || !all_done()) co_await wait_all();
+      return body() && !op_.failure && all_done();
     } catch (...) {
-      failure = std::current_exception();
+      failed_at_once_ = std::current_exception();
+      return false;
     }
-    if (failure) co_await t_.abandon(op_, failure);
   }
 
   // Rejects input before anything is sent, naming the call.
@@ -301,6 +318,7 @@ class call {
   int rounds_left_ = 0;
   int confirm_distance_ = 1;
   io_item* confirm_recv_ = nullptr;
+  std::exception_ptr failed_at_once_;  // for run() to report
 };
 
 inline char* bytes_at(void* p, std::size_t offset) {

@@ -193,6 +193,8 @@ struct op_state {
   // Sleeps after a poll that woke readers: the next reader that waits
   // again wakes it (transport::wait, shm_readable).
   bool polls_after_readers = false;
+  // Has spun already (transport::holds_within_spin): wait() sleeps at once.
+  bool spun = false;
   // What the call says of itself once it ends (op_report): the links its
   // messages took (transports bits), the algorithm that ran, and when its
   // ranks called it, as far as its messages told (collectives).

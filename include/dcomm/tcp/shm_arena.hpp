@@ -46,6 +46,7 @@ class arena_call {
   arena_call(const arena_call&) = delete;
   arena_call& operator=(const arena_call&) = delete;
   op_state& op() { return c_.state(); }
+  int size() const { return n_; }
 
   // Says the call is left (whether it failed or not) and gives the turn on.
   ~arena_call() {
@@ -124,6 +125,12 @@ class arena_call {
     return true;
   }
   bool all_reduced() { return reached(true); }
+  // all_arrived() now or within one spin (transport::holds_within_spin).
+  bool all_arrived_within_spin() {
+    return t_.holds_within_spin(op(), [this] { return all_arrived(); });
+  }
+  // Whether the call has begun a step (enter_at_once got it that far).
+  bool stepped() const { return step_ > 0; }
   DCOMM_EMIT_ON_USE detail::task<void> wait_arrived() {
     return c_.wait_until([this] { return all_arrived(); });
   }

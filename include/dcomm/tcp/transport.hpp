@@ -265,7 +265,7 @@ class transport : public std::enable_shared_from_this<transport> {
       // for them before sleeping (what it wakes runs once this waits).
       // It may also have finished this op's sends (a blocked writer went on):
       // a wake before the wait below would be lost, so look again.
-      if (options_.shm_spin.count() > 0 && waits_on_shm(op)) {
+      if (options_.shm_spin.count() > 0 && waits_on_shm(op) && !std::exchange(op.spun, false)) {
         const bool found = spin_shm(op, [&] { return op.failure != nullptr || pred(); });
         if (op.failure) break;
         if (found && pred()) continue;
@@ -284,6 +284,21 @@ class transport : public std::enable_shared_from_this<transport> {
       fail_op(op, timeout_error(op));
     }
     co_await abandon(op);
+  }
+
+  // wait()'s first looks without its coroutine frame: whether pred()
+  // holds now or within one spin over shared memory (false: the caller
+  // co_awaits wait(), which sleeps, probes and fails as it does).
+  template <class Pred>
+  bool holds_within_spin(op_state& op, Pred pred) {
+    if (op.failure) return false;
+    if (pred()) return !op.failure;
+    if (op.failure || options_.shm_spin.count() <= 0 || !waits_on_shm(op)) return false;
+    const bool found = spin_shm(op, [&] { return op.failure != nullptr || pred(); });
+    if (found && !op.failure && pred()) return true;
+    op.spun = true;
+    op.polls_after_readers = found;  // as wait() leaves it before it sleeps
+    return false;
   }
 
   // Fails the op (if it has not failed), takes back its items and waits

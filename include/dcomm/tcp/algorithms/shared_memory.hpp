@@ -57,11 +57,21 @@ inline void reduce_slots(arena_call& a, int n, const reducer& op, void* out, std
   for (int p = 2; p < n; ++p) op.combine(out, a.slot_of(p), k);
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(call& c) {
-  arena_call a(c);
-  if (!a.enter_at_once()) co_await a.enter();
+// The barrier without a coroutine frame where it can be (the usual case
+// of back-to-back barriers: the turn is there and every rank arrives
+// within one spin; call::at_once). False: the rest is shm_barrier's.
+inline bool shm_barrier_at_once(arena_call& a) {
+  if (!a.enter_at_once()) return false;
   a.begin_step();
   a.arrive();
+  return a.all_arrived_within_spin();
+}
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(arena_call& a) {
+  if (!a.stepped()) {
+    co_await a.enter();
+    a.begin_step();
+    a.arrive();
+  }
   if (!a.all_arrived()) co_await a.wait_arrived();
 }
 
@@ -207,21 +217,43 @@ DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena
   co_return true;
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, const void* in, void* out,
-                                                           std::size_t count, std::size_t es,
-                                                           const reducer& op) {
-  arena_call a(c);
-  if (!a.enter_at_once()) co_await a.enter();
+// The one-pass all_reduce (up to one_pass_reduce bytes): its step, and
+// the reduction once every rank has arrived.
+inline bool one_pass(arena_call& a, std::size_t bytes) {
+  return bytes <= std::min(one_pass_reduce, a.slot_bytes());
+}
+inline void arrive_with(arena_call& a, const void* in, std::size_t bytes) {
+  std::byte* mine = a.begin_step();
+  if (bytes) std::memcpy(mine, in, bytes);
+  a.arrive();
+}
+inline void reduce_arrived(arena_call& a, int n, const reducer& op, void* out, std::size_t count) {
+  if (!count) return;
+  reduce_slots(a, n, op, out, count);
+  op.finish(out, count, n);
+}
+
+// A one-pass all_reduce without a coroutine frame where it can be (as
+// shm_barrier_at_once). False: the rest is shm_all_reduce's.
+inline bool shm_all_reduce_at_once(arena_call& a, const void* in, void* out, std::size_t count,
+                                   std::size_t es, const reducer& op) {
+  if (!one_pass(a, count * es) || !a.enter_at_once()) return false;
+  arrive_with(a, in, count * es);
+  if (!a.all_arrived_within_spin()) return false;
+  reduce_arrived(a, a.size(), op, out, count);
+  return true;
+}
+
+DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, arena_call& a, const void* in,
+                                                           void* out, std::size_t count,
+                                                           std::size_t es, const reducer& op) {
+  const bool stepped = a.stepped();  // by shm_all_reduce_at_once
+  if (!stepped && !a.enter_at_once()) co_await a.enter();
   const int n = c.size(), r = c.rank();
-  if (count * es <= std::min(one_pass_reduce, a.slot_bytes())) {
-    const std::size_t bytes = count * es;
-    std::byte* mine = a.begin_step();
-    if (bytes) std::memcpy(mine, in, bytes);
-    a.arrive();
+  if (one_pass(a, count * es)) {
+    if (!stepped) arrive_with(a, in, count * es);
     if (!a.all_arrived()) co_await a.wait_arrived();
-    if (!bytes) co_return;
-    reduce_slots(a, n, op, out, count);
-    op.finish(out, count, n);
+    reduce_arrived(a, n, op, out, count);
     co_return;
   }
   if (count * es >= direct_all_reduce && count * es <= direct_all_reduce_max &&
