@@ -17,7 +17,8 @@
 // ranks of this host; the "links" column says which ran), --hosts K (the
 // ranks play K hosts of consecutive ranks: shared memory inside each, TCP
 // between them, and the hierarchical all_reduce), --no-confirm (confirm_rooted off: the
-// cpu_backend options), --no-check,
+// cpu_backend options), --no-check, --in-place (all_reduce into its input, as
+// ../shared/anchors' MPI_Allreduce(MPI_IN_PLACE) is called; the other ops as they are),
 // --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
 // backend stages through page-locked host memory; where built with CUDA),
 // --backend cpu|mpi (mpi: under mpirun, where built with MPI; each
@@ -90,6 +91,7 @@ struct settings {
   std::string redop = "sum";
   dcomm::algorithm algo = dcomm::algorithm::automatic;
   bool check = true;
+  bool in_place = false;  // all_reduce into its input
   bool confirm = true;    // cpu_backend::options::confirm_rooted
   std::string transport;  // cpu_backend::options::transport; empty: the backend's
   int hosts = 0;          // > 0: ranks play this many hosts (cpu_backend::options::host_id)
@@ -177,6 +179,8 @@ settings parse(int argc, char** argv) {
         throw std::invalid_argument("--transport: auto, shm or tcp");
     } else if (a == "--no-check") {
       s.check = false;
+    } else if (a == "--in-place") {
+      s.in_place = true;
     } else if (a == "--no-confirm") {
       s.confirm = false;
     } else if (a == "--help" || a == "-h") {
@@ -187,6 +191,7 @@ settings parse(int argc, char** argv) {
           "                 [--slot-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
           "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n"
+          "                 [--in-place]\n"
           "                 [--backend cpu|mpi]\n");
       std::exit(0);
     } else {
@@ -327,6 +332,8 @@ class runner {
     int rank = comm_.rank();
     switch (op) {
       case op_kind::all_reduce:
+        if (s_.in_place)
+          return with_redop([&](auto r) { return comm_.all_reduce(out.view(), r, o); });
         return with_redop([&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o); });
       case op_kind::broadcast:
         return comm_.broadcast(out.view(), 0, o);
@@ -401,6 +408,7 @@ class runner {
       in.fill(rank);
       // broadcast is in place: the root's data is its input.
       if (op == "broadcast") rank == 0 ? out.fill(0) : out.fill(world + 7);
+      if (op == "all_reduce" && s_.in_place) out.fill(rank);
       in.upload();
       out.upload();
     };
@@ -498,10 +506,10 @@ class runner {
     };
     MPI_Request r = MPI_REQUEST_NULL;
     if (kind == op_kind::all_reduce) {
-      timed("MPI_Allreduce",
-            [&] { MPI_Allreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c); });
+      const void* from = s_.in_place ? MPI_IN_PLACE : static_cast<const void*>(in.bytes.data());
+      timed("MPI_Allreduce", [&] { MPI_Allreduce(from, out.bytes.data(), n, dt, mop, c); });
       timed("MPI_Iallreduce", [&] {
-        MPI_Iallreduce(in.bytes.data(), out.bytes.data(), n, dt, mop, c, &r);
+        MPI_Iallreduce(from, out.bytes.data(), n, dt, mop, c, &r);
         MPI_Wait(&r, MPI_STATUS_IGNORE);
       });
     } else if (kind == op_kind::barrier) {
@@ -535,11 +543,12 @@ class runner {
     }
     if (links_.empty()) links_ = "-";
     if (comm_.rank() == 0) {
-      std::printf(
-          "# dcomm collective_bench: %s backend, world %d, dtype %s, algorithm %s%s\n",
-          std::string(Backend::name).c_str(), world, std::string(dcomm::name(s_.type)).c_str(),
-          std::string(dcomm::name(s_.algo)).c_str(),
-          s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "");
+      std::printf("# dcomm collective_bench: %s backend, world %d, dtype %s, algorithm %s%s%s\n",
+                  std::string(Backend::name).c_str(), world,
+                  std::string(dcomm::name(s_.type)).c_str(),
+                  std::string(dcomm::name(s_.algo)).c_str(),
+                  s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "",
+                  s_.in_place ? ", all_reduce in place" : "");
       std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
                   std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
                       ? "; sendrecv: half a round trip"

@@ -80,19 +80,28 @@ comm join_forked_world(dcomm::test::listening_socket& master, int rank, int worl
   return dcomm::init_process_group<dcomm::cpu_backend>({.timeout = std::chrono::seconds(30)});
 }
 
-// A forked rank's exit code for `op` after rank 2 was killed: 3 when it
-// fails with peer_lost naming rank 2, 4 for another failure, 0 if it works.
+// A forked rank's exit code for `op` after rank `dead` was killed: 3 when
+// it fails with peer_lost naming that rank, 4 for another failure, 0 if it
+// works.
 template <class Op>
-int code_after_rank_2_died(int rank, Op op) {
+int code_after_rank_died(int rank, int dead, Op op) {
   try {
     op();
   } catch (const dcomm::error& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    return e.code() == dcomm::errc::peer_lost && e.context().peers.find('2') != std::string::npos
+    return e.code() == dcomm::errc::peer_lost &&
+                   e.context().peers.find(std::to_string(dead)) != std::string::npos
                ? 3
                : 4;
   }
   return 0;
+}
+
+// Bytes this rank has read from the others' memory in one copy.
+std::uint64_t read_directly(const comm& c) {
+  std::uint64_t n = 0;
+  for (int p = 0; p < c.size(); ++p) n += c.backend().bytes_read_directly_from(p);
+  return n;
 }
 
 }  // namespace
@@ -460,34 +469,46 @@ TEST_SUITE("shared memory") {
   }
 
   TEST_CASE("SIGKILL mid-collective over shared memory: peer_lost naming it, nothing left") {
-    DCOMM_TEST_DEADLINE(120s);
+    DCOMM_TEST_DEADLINE(180s);
     // 32 MiB goes through the slots in steps; 8 MiB in one copy, the
-    // others reading rank 2's buffers (tcp/algorithms/shared_memory.hpp).
-    for (std::size_t count : {std::size_t{8} << 20, std::size_t{2} << 20}) {
-      CAPTURE(count);
+    // others reading the dying rank's buffers, where each rank has a core
+    // (tcp/algorithms/shared_memory.hpp): 2 ranks on this machine's 2.
+    struct variant {
+      std::size_t count;
+      int world, dead;
+    };
+    for (variant v : {variant{std::size_t{8} << 20, 4, 2}, variant{std::size_t{2} << 20, 4, 2},
+                      variant{std::size_t{2} << 20, 2, 1}}) {
+      CAPTURE(v.count);
+      CAPTURE(v.world);
+      const bool one_copy = v.count == std::size_t{2} << 20 &&
+                            static_cast<std::size_t>(v.world) <= dcomm::shm::usable_cores();
       const auto before = files_in("/dev/shm");
       dcomm::test::listening_socket master;
       const auto start = std::chrono::steady_clock::now();
-      auto results = dcomm::test::fork_world(4, 60s, [&](int rank) {
+      auto results = dcomm::test::fork_world(v.world, 60s, [&](int rank) {
         ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
-        auto c = join_forked_world(master, rank, 4);
-        for (int p = 0; p < 4; ++p)
+        auto c = join_forked_world(master, rank, v.world);
+        for (int p = 0; p < v.world; ++p)
           if (p != rank && c.backend().link_to(p) != "shm") return 5;
-        std::vector<float> v(count, 1.0f);
-        c.all_reduce(v, dcomm::sum, dcomm::blocking);  // the links work
-        if (rank == 2) {
+        std::vector<float> data(v.count, 1.0f);
+        c.all_reduce(data, dcomm::sum, dcomm::blocking);   // the links work
+        if ((read_directly(c) > 0) != one_copy) return 6;  // the path this size takes
+        if (rank == v.dead) {
           // Started, its first step published, never finished: the others
           // come later, so it dies holding its slot.
-          c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
+          c.all_reduce(data, dcomm::sum, [](std::exception_ptr) {});
           std::this_thread::sleep_for(30ms);
           ::kill(::getpid(), SIGKILL);
         }
         std::this_thread::sleep_for(300ms);
-        return code_after_rank_2_died(rank, [&] { c.all_reduce(v, dcomm::sum, dcomm::blocking); });
+        return code_after_rank_died(rank, v.dead,
+                                    [&] { c.all_reduce(data, dcomm::sum, dcomm::blocking); });
       });
       INFO(dcomm::test::describe(results));
-      CHECK(results[2].signal == SIGKILL);
-      for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
+      CHECK(results[static_cast<std::size_t>(v.dead)].signal == SIGKILL);
+      for (int r = 0; r < v.world; ++r)
+        if (r != v.dead) CHECK(results[static_cast<std::size_t>(r)].exit_code == 3);
       CHECK(std::chrono::steady_clock::now() - start < 25s);  // not the 30 s deadline
       CHECK(files_in("/dev/shm") == before);
     }
@@ -495,40 +516,55 @@ TEST_SUITE("shared memory") {
 
   TEST_CASE(
       "all_reduce between processes in one copy, or through the slots where one may not read") {
-    DCOMM_TEST_DEADLINE(90s);
-    // 3 ranks (a count they do not divide), 4 MiB and more, in place and
-    // out of place: the one-copy path where every rank may read the
-    // others, the slots where rank 1 may not (it would fail the call with
-    // errc::system_error if it tried).
-    for (bool forbidden : {false, true}) {
-      CAPTURE(forbidden);
-      dcomm::test::listening_socket master;
-      auto results = dcomm::test::fork_world(3, 60s, [&](int rank) {
-        if (forbidden && rank == 1 && !forbid_reading_other_processes()) return 6;
-        ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
-        auto c = join_forked_world(master, rank, 3);
-        const std::size_t count = (std::size_t{1} << 20) + 7;
-        auto value = [](int r, std::size_t i) { return static_cast<float>((i % 1000) * (r + 1)); };
-        for (int round = 0; round < 2; ++round) {
-          std::vector<float> in(count), out(count, -1.0f);
-          for (std::size_t i = 0; i < count; ++i) in[i] = value(rank, i);
-          if (round == 0)
-            c.all_reduce(in, out, dcomm::sum, dcomm::blocking);
-          else
-            c.all_reduce(in, dcomm::sum, dcomm::blocking);
-          const std::vector<float>& got = round == 0 ? out : in;
-          for (std::size_t i = 0; i < count; ++i)
-            if (got[i] != static_cast<float>((i % 1000) * 6)) return 7 + round;
-          if (round == 0)
-            for (std::size_t i = 0; i < count; i += 4099)
-              if (in[i] != value(rank, i)) return 9;  // the input untouched
-        }
-        c.barrier(dcomm::blocking);
-        return 0;
-      });
-      INFO(dcomm::test::describe(results));
-      for (const auto& r : results) CHECK(r.exit_code == 0);
-    }
+    DCOMM_TEST_DEADLINE(120s);
+    // 2 and 3 ranks (counts they do not divide), out of place and in place:
+    // the one copy where every rank may read the others, has a core of its
+    // own and, in place, from 4 MiB; else the slots (rank 1 forbidden to
+    // read would fail the call with errc::system_error if it tried). What
+    // each rank read from the others' memory says which path ran.
+    for (int world : {2, 3})
+      for (bool forbidden : {false, true}) {
+        CAPTURE(world);
+        CAPTURE(forbidden);
+        const bool has_cores = static_cast<std::size_t>(world) <= dcomm::shm::usable_cores();
+        dcomm::test::listening_socket master;
+        auto results = dcomm::test::fork_world(world, 60s, [&](int rank) {
+          if (forbidden && rank == 1 && !forbid_reading_other_processes()) return 6;
+          ::setenv("DCOMM_SHM_SINGLE_COPY", "1", 1);
+          auto c = join_forked_world(master, rank, world);
+          auto value = [](int r, std::size_t i) {
+            return static_cast<float>((i % 1000) * (r + 1));
+          };
+          const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
+          struct round {
+            std::size_t count;
+            bool in_place;
+          };
+          const std::size_t large = (std::size_t{1} << 20) + 7, small = (std::size_t{1} << 18) + 7;
+          for (round o :
+               {round{large, false}, round{large, true}, round{small, false}, round{small, true}}) {
+            std::vector<float> in(o.count), out(o.count, -1.0f);
+            for (std::size_t i = 0; i < o.count; ++i) in[i] = value(rank, i);
+            const std::uint64_t before = read_directly(c);
+            if (o.in_place)
+              c.all_reduce(in, dcomm::sum, dcomm::blocking);
+            else
+              c.all_reduce(in, out, dcomm::sum, dcomm::blocking);
+            const std::vector<float>& got = o.in_place ? in : out;
+            for (std::size_t i = 0; i < o.count; ++i)
+              if (got[i] != static_cast<float>(i % 1000) * ranks_sum) return 7;
+            if (!o.in_place)
+              for (std::size_t i = 0; i < o.count; i += 4099)
+                if (in[i] != value(rank, i)) return 8;  // the input untouched
+            const bool one_copy = !forbidden && has_cores && (!o.in_place || o.count == large);
+            if ((read_directly(c) > before) != one_copy) return 9;
+          }
+          c.barrier(dcomm::blocking);
+          return 0;
+        });
+        INFO(dcomm::test::describe(results));
+        for (const auto& r : results) CHECK(r.exit_code == 0);
+      }
   }
 
   TEST_CASE("a stopped rank's shared memory says where it stopped: outside dcomm, or in a call") {
@@ -605,7 +641,7 @@ TEST_SUITE("shared memory") {
         ::kill(::getpid(), SIGKILL);
       }
       std::this_thread::sleep_for(300ms);
-      return code_after_rank_2_died(rank, [&] { g->all_reduce(v, dcomm::sum, dcomm::blocking); });
+      return code_after_rank_died(rank, 2, [&] { g->all_reduce(v, dcomm::sum, dcomm::blocking); });
     });
     INFO(dcomm::test::describe(results));
     CHECK(results[2].signal == SIGKILL);

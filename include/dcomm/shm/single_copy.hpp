@@ -76,12 +76,13 @@ inline bool is_reachable(const process_identity& id, const char* segment_base) {
 
 // What a rank puts in its arena slot at the first step of an all_reduce
 // in one copy (tcp/algorithms/shared_memory.hpp): where its buffers are,
-// and whether it may read every other member's memory (the ranks take
-// that path only where all of them may).
+// and whether it takes that path (it may read every other member's
+// memory, and the path is the faster one for it): the ranks take it only
+// where all of them do.
 struct buffer_offer {
   std::uint64_t in = 0;
   std::uint64_t out = 0;
-  std::uint64_t reads_all = 0;
+  std::uint64_t direct = 0;
 };
 
 }  // namespace dcomm::shm

@@ -93,6 +93,9 @@ struct peer_link {
   // Frame bytes (headers included) written to this link so far, and those
   // of the batch being written (cpu_backend::bytes_sent_to).
   std::uint64_t bytes_written = 0;
+  // Bytes read from this peer's memory in one copy (process_vm_readv:
+  // large messages, all_reduces; cpu_backend::bytes_read_directly_from).
+  std::uint64_t bytes_read_directly = 0;
   std::size_t batch_bytes = 0;
   // The batch's headers, copied: frames may move while it is written.
   std::vector<wire_header> batch_headers;

@@ -149,6 +149,9 @@ class arena_call {
   // (wait_failed). A rank whose process is gone fails the call with
   // errc::peer_lost; a read the kernel refuses, with errc::system_error.
   bool may_read(int p) { return t_.may_read(global(p)); }
+  // Whether each of the host's ranks has a core of its own (polling
+  // yields otherwise: tcp/connect.hpp).
+  bool has_cores() const { return !t_.outnumbered(); }
   bool read(int p, void* to, std::uint64_t from, std::size_t n) {
     const int why = t_.read_peer(op(), global(p), to, from, n);
     if (why == 0) return still_in(p);

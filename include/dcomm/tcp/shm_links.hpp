@@ -442,6 +442,7 @@ inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t fro
       shm_->identity(l.shm_local).pid.load(std::memory_order_relaxed), to, from, n);
   const int why = read == shm::read_result::done ? 0 : errno;
   errno = saved;
+  if (!why) l.bytes_read_directly += n;
   if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
   if (why == ESRCH) {  // its process is gone (its link will say so too)
     if (op.lost_rank < 0) op.lost_rank = p;
@@ -466,6 +467,7 @@ inline bool transport::read_directly(peer_link& l, io_item& it, const wire_heade
                                       rts.cookie2, it.bytes);
   if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
   if (read != shm::read_result::done) return false;
+  l.bytes_read_directly += it.bytes;
   // The reads above come before this look: unless the count moved, the
   // sender still held the buffer after them.
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -142,6 +142,9 @@ class transport : public std::enable_shared_from_this<transport> {
   std::uint64_t bytes_sent_to(int p) const {
     return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_written;
   }
+  std::uint64_t bytes_read_directly_from(int p) const {
+    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_read_directly;
+  }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -341,6 +344,8 @@ class transport : public std::enable_shared_from_this<transport> {
 
   // Whether an unfinished item of the op goes through shared memory, or
   // it waits in the arena.
+  // The host's ranks outnumber this process's cores (options::shm_yield).
+  bool outnumbered() const { return options_.shm_yield; }
   bool waits_on_shm(const op_state& op) const {
     if (op.on_arena) return true;
     if (shm_peers_.empty()) return false;

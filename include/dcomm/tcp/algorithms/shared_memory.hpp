@@ -16,9 +16,10 @@
 //     share (from its own input and every other slot, into its output and
 //     then its slot: the reduction split across ranks, as in DeepSpeed's
 //     shm all_reduce), says so, and copies the others' shares out; from
-//     direct_all_reduce to direct_all_reduce_max bytes, where every rank
-//     may read the others' memory, the same split without the slots'
-//     copies (shm_all_reduce_direct: process_vm_readv of their buffers).
+//     direct_all_reduce to direct_all_reduce_max bytes (in place from
+//     direct_all_reduce_in_place), where every rank may read the others'
+//     memory and has a core, the same split without the slots' copies
+//     (shm_all_reduce_direct: process_vm_readv of their buffers).
 #pragma once
 
 #include <algorithm>
@@ -41,6 +42,13 @@ inline constexpr std::size_t one_pass_reduce = 16 * 1024;
 // 256 KiB steps keep what a rank reads in the caches).
 inline constexpr std::size_t direct_all_reduce = 1 << 20;
 inline constexpr std::size_t direct_all_reduce_max = 16 << 20;
+// In place, the one copy from this size only: below, its gather writes
+// lines that the others' reads of this rank's input just took into their
+// caches (world 2, in place, slots -> one copy: 1 MiB 8.6-8.8 -> 5.9,
+// 2 MiB 7.9-8.1 -> 6.8-6.9, 4 MiB 7.6-7.8 -> 7.7-7.8, 16 MiB 7.4-7.5 ->
+// 8.1). Nor where the host's ranks outnumber its cores (world 3 and 4 on
+// 2 cores, 1-16 MiB: the slots 10-50 % faster, in place or not).
+inline constexpr std::size_t direct_all_reduce_in_place = 4 << 20;
 // Up to this size an automatic reduce meets in the arena (its root reduces
 // every slot; world 2 on 2 cores: 64 KiB in 9-12 us against 57 us by
 // messages, 128 KiB 139-156 us against 37-57).
@@ -145,8 +153,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
 
 // shm_all_reduce of direct_all_reduce bytes, in one copy where every rank
 // may read the others' memory (shm/single_copy.hpp; options'
-// shm_single_copy): false where one may not, after the step where the
-// ranks say so (the caller then takes the slots, from its next step).
+// shm_single_copy) and finds it the faster way (above): false where one
+// does not, after the step where the ranks say so (the caller then takes
+// the slots, from its next step).
 //   step 1: each rank offers where its buffers are (shm::buffer_offer);
 //   then it reduces its share, reading it from every other rank's input
 //     into its spare slot a slot's worth at a time (the first combine
@@ -162,11 +171,12 @@ DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena
                                                                   const reducer& op) {
   const int n = c.size(), r = c.rank();
   const auto ranks = static_cast<std::size_t>(n);
+  const bool faster = (in != out || count * es >= direct_all_reduce_in_place) && a.has_cores();
   shm::buffer_offer offer{.in = reinterpret_cast<std::uintptr_t>(in),
                           .out = reinterpret_cast<std::uintptr_t>(out),
-                          .reads_all = 1};
+                          .direct = faster ? 1u : 0u};
   for (int p = 0; p < n; ++p)
-    if (p != r && !a.may_read(p)) offer.reads_all = 0;
+    if (p != r && faster && !a.may_read(p)) offer.direct = 0;
   std::memcpy(a.begin_step(), &offer, sizeof offer);
   a.arrive();
   if (!a.all_arrived()) co_await a.wait_arrived();
@@ -176,8 +186,8 @@ DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena
     return o;
   };
   for (int p = 0; p < n; ++p)
-    if (p != r && !offer_of(p).reads_all) co_return false;
-  if (!offer.reads_all) co_return false;
+    if (p != r && !offer_of(p).direct) co_return false;
+  if (!offer.direct) co_return false;
   // This rank's share: `in` first, then every other rank's in rank order.
   const extent share = split(count, ranks, static_cast<std::size_t>(r));
   std::byte* landing = a.spare_slot();
