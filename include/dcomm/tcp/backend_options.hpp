@@ -68,7 +68,8 @@ struct backend_options {
   // Messages above eager_limit to a rank of this host: the receiver reads
   // them from the sender's buffer (process_vm_readv, one copy instead of
   // two through the ring) where the kernel allows; likewise an all_reduce
-  // of 1-16 MiB among a host's ranks (tcp/algorithms/shared_memory.hpp).
+  // of 1-16 MiB among a host's ranks, where that is the faster way
+  // (tcp/algorithms/shared_memory.hpp: in place from 4 MiB, a core each).
   // On unless $DCOMM_SHM_SINGLE_COPY is 0. Measured both ways: on the
   // development VM one copy is 1.6-2x faster for send/recv from 256 KiB
   // up and 10-20 % for those all_reduces; on an earlier machine
