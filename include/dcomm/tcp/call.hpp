@@ -209,8 +209,10 @@ class call {
   template <class Body>
   detail::task<void> run(Body body) {
     if (op_.failure) co_await t_.abandon(op_);  // lost peer, aborted: before any byte
+    // What at_once caught, if it ran first; else what the body throws.
     std::exception_ptr failure = std::exchange(failed_at_once_, nullptr);
-    if (!failure) try {
+    if (!failure) {
+      try {
         confirm();
         if constexpr (std::is_void_v<std::invoke_result_t<Body&>>)
           body();
@@ -220,6 +222,7 @@ class call {
       } catch (...) {
         failure = std::current_exception();
       }
+    }
     if (failure) co_await t_.abandon(op_, failure);
   }
 
