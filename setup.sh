@@ -65,14 +65,22 @@ build() {
   echo "   built in $(took "$started") ($(grep -c '^\[' "$log") steps)"
 }
 
-# configure DIR CXX [meson options...]: (re)configures a build directory.
+# configure DIR CXX [meson options...]: (re)configures a build directory;
+# meson's output is kept in DIR.configure.log and printed if it fails.
 configure() {
   local dir=$1 compiler=$2
   shift 2
+  mkdir -p "$(dirname "$dir")"
+  local log="$dir.configure.log" ok=0
   if [ -f "$dir/build.ninja" ]; then
-    meson configure "$dir" "$@" >/dev/null
+    meson configure "$dir" "$@" >"$log" 2>&1 || ok=$?
   else
-    CXX=$compiler meson setup "$dir" "$@" >/dev/null
+    CXX=$compiler meson setup "$dir" "$@" >"$log" 2>&1 || ok=$?
+  fi
+  if [ "$ok" -ne 0 ]; then
+    cat "$log"
+    echo "setup.sh: configuring $dir failed (meson's output above, kept in $log)"
+    return 1
   fi
 }
 
@@ -119,7 +127,7 @@ run_tests() {
     local dir="build/$name"
     echo "== $name: $compiler $options${tests:+ (tests: $tests)}"
     # shellcheck disable=SC2086
-    configure "$dir" "$compiler" $options
+    configure "$dir" "$compiler" $options || return 1
     if [ "$targets" = syntax-only ]; then
       local checked=$SECONDS
       python3 tests/syntax_check.py "$dir" "$jobs" >"$dir.log" 2>&1 || { cat "$dir.log"; status=1; }
@@ -148,11 +156,19 @@ run_tests() {
   return $status
 }
 
+# build_demo DIR [meson options...]: configures and builds the demo's two
+# programs (the options given after the demo's own win).
+build_demo() {
+  local dir=$1
+  shift
+  configure "$dir" g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false \
+    -Dtorch=disabled -Dnccl=disabled "$@" || return 1
+  build "$dir" "$dir.log" tools/dcomm-run examples/train_fashion_mnist
+}
+
 run_demo() {
   echo "== demo: g++ release build of dcomm-run and train_fashion_mnist (build/demo)"
-  configure build/demo g++ -Dbuildtype=release -Dtests=false -Dbench=false -Dheader_tests=false \
-    -Dtorch=disabled -Dnccl=disabled
-  build build/demo build/demo.log tools/dcomm-run examples/train_fashion_mnist || return 1
+  build_demo build/demo || return 1
   build/demo/tools/dcomm-run -n 4 build/demo/examples/train_fashion_mnist
 }
 
@@ -160,6 +176,16 @@ case "${1:-}" in
   deps) install_missing "${test_packages[@]}" ;;
   test) install_missing "${test_packages[@]}" && run_tests ;;
   demo) install_missing "${demo_packages[@]}" && run_demo ;;
+  # For tests/packaging/demo_toolchain.sh: the demo's build alone, in DIR,
+  # and the package lists.
+  demo-build) build_demo "${2:?usage: $0 demo-build DIR [meson options...]}" "${@:3}" ;;
+  packages)
+    case "${2:-}" in
+      demo) echo "${demo_packages[*]}" ;;
+      test) echo "${test_packages[*]}" ;;
+      *) echo "usage: $0 packages demo|test" >&2; exit 2 ;;
+    esac
+    ;;
   *)
     echo "usage: $0 demo|test|deps" >&2
     exit 2
