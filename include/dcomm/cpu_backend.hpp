@@ -2,11 +2,10 @@
 // over TCP (a full mesh of authenticated sockets, one per pair of ranks, shared by every
 // group); framed messages matched by group, tag or sequence number. Use it through
 // communicator<cpu_backend> (communicator.hpp). Its parts are in tcp/ (the links and the
-// algorithms; the folder is named for the backend's first transport) and shm/ (the host's
-// segment): the start (tcp/connect.hpp), the choice of algorithm (tcp/tuning.hpp), the
-// algorithms (tcp/algorithms/), the staging of CUDA tensors (tcp/staging.hpp), one call in
-// progress (tcp/call.hpp) and the transport under it all (tcp/transport.hpp). It was named
-// tcp_backend before it had shared memory: dcomm/tcp_backend.hpp keeps that name as an alias.
+// algorithms) and shm/ (the host's segment): the start (tcp/connect.hpp), the choice of
+// algorithm (tcp/tuning.hpp), the algorithms (tcp/algorithms/), the staging of CUDA tensors
+// (tcp/staging.hpp), one call in progress (tcp/call.hpp) and the transport under it all
+// (tcp/transport.hpp). dcomm/tcp_backend.hpp keeps the name tcp_backend as an alias.
 #pragma once
 
 #include <algorithm>
@@ -62,16 +61,17 @@ class cpu_backend {
       options o, detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
     auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
+    const std::string bind = o.bind_host.str();
     tcp::mesh_options mesh{
-        .purpose = "tcp_backend",  // the handshake's name for this mesh, kept from wave 1
+        .purpose = "tcp_backend",  // the handshake's name for this mesh
         .job_token = std::move(job_token),
-        .bind_host = o.bind_host,
-        .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
+        .bind_host = bind,
+        .advertise_host = tcp::advertised_address(ex, o.advertise_host.str(), bind, store_host)};
     std::string address = mesh.advertise_host;
     const tcp::shm_options shm{
         .links = tcp::parse_link_choice(o.transport),
         .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
-        .host_id = o.host_id};
+        .host_id = o.host_id.str()};
     auto net = co_await tcp::connect_transport(std::move(s), rank, world, std::move(mesh),
                                                {.eager_limit = o.eager_limit,
                                                 .shm_spin = o.shm_spin,
@@ -133,8 +133,8 @@ class cpu_backend {
            std::to_string(o_.chunk_bytes) + " B, small all_reduce/broadcast/all_gather/" +
            "reduce_scatter " + std::to_string(o_.small_all_reduce) + "/" +
            std::to_string(o_.small_broadcast) + "/" + std::to_string(o_.small_all_gather) + "/" +
-           std::to_string(o_.small_reduce_scatter) + " B; DCOMM_TRANSPORT=" + o_.transport +
-           (o_.algorithms.empty() ? "" : ", DCOMM_ALGO=" + o_.algorithms) +
+           std::to_string(o_.small_reduce_scatter) + " B; DCOMM_TRANSPORT=" + o_.transport.str() +
+           (o_.algorithms.empty() ? "" : ", DCOMM_ALGO=" + o_.algorithms.str()) +
            (o_.confirm_rooted ? "" : ", rooted calls unconfirmed") +
            (o_.shm_single_copy ? ", single copy on" : "");
   }

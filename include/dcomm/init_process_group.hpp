@@ -23,6 +23,7 @@
 #include "dcomm/completion.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
+#include "dcomm/option_string.hpp"
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/store/tcp_store.hpp"
@@ -30,19 +31,24 @@
 
 namespace dcomm {
 
-// init_process_group's arguments, torch's names where they exist.
+// init_process_group's arguments, torch's names where they exist. Every
+// member is trivially destructible (text in option_string, the
+// environment by pointer), so that the options can be a braced temporary
+// in a co_await on g++ 12 (option_string.hpp says why).
 template <class Backend>
 struct init_options {
-  std::string init_method = "env://";
+  option_string init_method = "env://";
   std::optional<int> rank{};
   std::optional<int> world_size{};
   // Rendezvous and the default deadline of every operation.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  std::string job_token = detail::job_token_from_environment();
+  option_string job_token = detail::job_token_from_environment();
   // Where rank 0's store server listens; empty: every interface.
-  std::string store_bind_host = "";
+  option_string store_bind_host = "";
   typename Backend::options backend{};
-  env_lookup env = process_environment();
+  // The environment to read instead of the process's (tests inject one);
+  // it must outlive the call. Null: the process's.
+  const env_lookup* env = nullptr;
 };
 
 namespace detail {
@@ -133,7 +139,7 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   auto timeline =
       trace::timeline::from_environment(rank);  // DCOMM_TRACE (refused before we connect)
   auto backend =
-      co_await Backend::create(s, rank, world, o.job_token, store_host, o.backend, deadline);
+      co_await Backend::create(s, rank, world, o.job_token.str(), store_host, o.backend, deadline);
   std::exception_ptr failure;
   try {
     if (rank != 0)
@@ -194,7 +200,8 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                                                         std::shared_ptr<io_thread> thread) {
   trace::write_error_file_on_terminate();  // TORCHELASTIC_ERROR_FILE
   auto ex = co_await asio::this_coro::executor;
-  error_context where{.operation = "init_process_group", .rank = o.rank, .address = o.init_method};
+  error_context where{
+      .operation = "init_process_group", .rank = o.rank, .address = o.init_method.str()};
   std::exception_ptr failure;
   std::shared_ptr<store> joined;
   try {
@@ -209,7 +216,7 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
     where.rank = world.rank;
     where.address = world.spec.address();
     joined = world.store;
-    std::string how = "init " + o.init_method;
+    std::string how = "init " + o.init_method.str();
     if (!world.spec.launcher.empty()) how += ", rank from " + world.spec.launcher;
     if (world.local_rank && world.local_world_size)
       how += ", local rank " + std::to_string(*world.local_rank) + " of " +

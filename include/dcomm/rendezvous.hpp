@@ -32,6 +32,7 @@
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
+#include "dcomm/option_string.hpp"
 #include "dcomm/store/c10d_store.hpp"
 #include "dcomm/store/file_store.hpp"
 #include "dcomm/store/store.hpp"
@@ -39,19 +40,27 @@
 
 namespace dcomm {
 
+// Called with each line that says how a waiting rendezvous is getting on.
+using progress_callback = std::function<void(std::string_view line)>;
+
+// rendezvous's arguments. Every member is trivially destructible (text in
+// option_string, callbacks by pointer), so that the options can be a braced
+// temporary in a co_await on g++ 12 (option_string.hpp says why); what a
+// pointer names must outlive the call.
 struct rendezvous_options {
-  std::string init_method = "env://";
+  option_string init_method = "env://";
   std::optional<int> rank{};
   std::optional<int> world_size{};
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   std::chrono::milliseconds progress_interval = std::chrono::seconds(10);
-  // Called with each progress line; default: logged as a warning to stderr.
-  std::function<void(std::string_view)> on_progress{};
-  std::string job_token = detail::job_token_from_environment();
+  // Called with each progress line; null: logged as a warning to stderr.
+  const progress_callback* on_progress = nullptr;
+  option_string job_token = detail::job_token_from_environment();
   // Where rank 0's store server listens; empty: every interface.
-  std::string bind_host = "";
-  // Environment to read (tests inject one); default: the process's.
-  env_lookup env = process_environment();
+  option_string bind_host = "";
+  // The environment to read instead of the process's (tests inject one).
+  // Null: the process's.
+  const env_lookup* env = nullptr;
 };
 
 struct rendezvous_result {
@@ -230,8 +239,8 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store>
                 " at " + address + ", " +
                 std::to_string(duration_cast<seconds>(detail::clock::now() - start).count()) +
                 " s of " + std::to_string(duration_cast<seconds>(options.timeout).count()) + " s";
-    if (options.on_progress)
-      options.on_progress(line);
+    if (options.on_progress && *options.on_progress)
+      (*options.on_progress)(line);
     else
       log(log_level::warning, line);
   }
@@ -279,9 +288,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> depart_op(std::shared_ptr<store> 
 
 DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
     asio::any_io_executor executor, rendezvous_options options) {
+  const env_lookup env = options.env ? *options.env : process_environment();
   // Bad input fails here, before any socket or file is touched.
   init_spec spec =
-      parse_init_method(options.init_method, options.rank, options.world_size, options.env);
+      parse_init_method(options.init_method.str(), options.rank, options.world_size, env);
   rendezvous_result result{.rank = spec.rank,
                            .world_size = spec.world_size,
                            .local_rank = spec.local_rank,
@@ -289,10 +299,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
                            .spec = spec};
   if (spec.kind == init_kind::file) {
     result.store = file_store::create(executor, spec.path, spec.world_size, options.timeout);
-  } else if (spec.kind == init_kind::env && agent_serves_store(options.env)) {
+  } else if (spec.kind == init_kind::env && agent_serves_store(env)) {
     result.store = c10d_store::create(executor, {.host = spec.host,
                                                  .port = spec.port,
-                                                 .prefix = agent_store_prefix(options.env),
+                                                 .prefix = agent_store_prefix(env),
                                                  .timeout = options.timeout,
                                                  .rank = spec.rank,
                                                  .server_name = "torchrun's agent store"});
@@ -300,7 +310,7 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
     bool host_server = spec.rank == 0;
     int listen_fd = -1;
     // A launcher that bound the port for rank 0 passes the socket down.
-    if (auto fd = options.env("DCOMM_MASTER_LISTEN_FD"); fd && host_server) {
+    if (auto fd = env("DCOMM_MASTER_LISTEN_FD"); fd && host_server) {
       try {
         listen_fd = std::stoi(*fd);
       } catch (const std::exception&) {
@@ -314,10 +324,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
       result.store = tcp_store::create(executor, {.host = spec.host,
                                                   .port = spec.port,
                                                   .is_server = host_server,
-                                                  .bind_host = options.bind_host,
+                                                  .bind_host = options.bind_host.str(),
                                                   .listen_fd = listen_fd,
                                                   .timeout = options.timeout,
-                                                  .job_token = options.job_token,
+                                                  .job_token = options.job_token.str(),
                                                   .rank = spec.rank,
                                                   .server_rank = 0});
     } catch (const dcomm::error& e) {

@@ -87,7 +87,8 @@ TEST_CASE("env:// with every launcher family, in real processes") {
           {f.local_rank_var, std::to_string(rank)},
       };
       if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls.fd());
-      auto world = dcomm::rendezvous({.init_method = "env://", .env = env_of(vars)});
+      const auto env = env_of(vars);
+      auto world = dcomm::rendezvous({.init_method = "env://", .env = &env});
       if (world.spec.launcher != f.name) return 20;
       if (world.local_rank != rank) return 21;
       return check_world(world, rank, n);
@@ -104,7 +105,8 @@ TEST_CASE("tcp:// with rank and world size in code or in the query string") {
     std::map<std::string, std::string> vars;
     if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls.fd());
     std::string url = "tcp://127.0.0.1:" + std::to_string(ls.port);
-    dcomm::rendezvous_options options{.env = env_of(vars)};
+    const auto env = env_of(vars);
+    dcomm::rendezvous_options options{.env = &env};
     if (rank == 1) {  // this one reads them from the URL
       options.init_method = url + "?rank=1&world_size=" + std::to_string(n);
     } else {
@@ -131,10 +133,11 @@ TEST_CASE("tcp:// over IPv6") {
   auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
     std::map<std::string, std::string> vars;
     if (rank == 0) vars["DCOMM_MASTER_LISTEN_FD"] = std::to_string(ls->fd());
+    const auto env = env_of(vars);
     auto world = dcomm::rendezvous({.init_method = "tcp://[::1]:" + std::to_string(ls->port),
                                     .rank = rank,
                                     .world_size = n,
-                                    .env = env_of(vars)});
+                                    .env = &env});
     if (world.store->address().find("[::1]") == std::string::npos) return 30;
     return check_world(world, rank, n);
   });
@@ -147,8 +150,9 @@ TEST_CASE("file:// in real processes; the file is gone after a clean end") {
   std::string path = dir.path + "/rendezvous";
   constexpr int n = 3;
   auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+    const auto env = env_of({});
     auto world = dcomm::rendezvous(
-        {.init_method = "file://" + path, .rank = rank, .world_size = n, .env = env_of({})});
+        {.init_method = "file://" + path, .rank = rank, .world_size = n, .env = &env});
     return check_world(world, rank, n);
   });
   require_all_ok(results);
@@ -185,19 +189,18 @@ TEST_CASE("missing ranks are reported while waiting and named at the deadline") 
   std::mutex m;
   std::vector<std::string> errors(3);
   std::vector<std::jthread> ranks;
+  const dcomm::progress_callback on_progress = [&](std::string_view line) {
+    std::lock_guard lock(m);
+    progress.emplace_back(line);
+  };
   for (int r : {0, 2})  // rank 1 never comes
     ranks.emplace_back([&, r] {
       dcomm::detail::io_thread io;
       try {
-        dcomm::rendezvous(world.handle(io.get_executor()), r, 3,
-                          {.timeout = 1500ms,
-                           .progress_interval = 300ms,
-                           .on_progress =
-                               [&](std::string_view line) {
-                                 std::lock_guard lock(m);
-                                 progress.emplace_back(line);
-                               }},
-                          dcomm::blocking);
+        dcomm::rendezvous(
+            world.handle(io.get_executor()), r, 3,
+            {.timeout = 1500ms, .progress_interval = 300ms, .on_progress = &on_progress},
+            dcomm::blocking);
       } catch (const dcomm::error& e) {
         std::lock_guard lock(m);
         errors[static_cast<std::size_t>(r)] =
@@ -270,7 +273,8 @@ TEST_CASE("one rank with the wrong WORLD_SIZE: every rank fails at once with its
     // Rank 2 comes last (most often), so that the others are already waiting.
     if (rank == 2) std::this_thread::sleep_for(300ms);
     try {
-      dcomm::rendezvous({.init_method = "env://", .timeout = 20s, .env = env_of(vars)});
+      const auto env = env_of(vars);
+      dcomm::rendezvous({.init_method = "env://", .timeout = 20s, .env = &env});
     } catch (const dcomm::error& e) {
       std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
       const std::string what = e.what();
@@ -329,22 +333,22 @@ TEST_CASE("another program on the store's port: the handshake says so, not just 
 
 TEST_CASE("bad input fails before anything is bound or connected") {
   DCOMM_TEST_DEADLINE(30s);
-  auto error_of = [](dcomm::rendezvous_options options) -> std::string {
+  auto error_of = [](dcomm::rendezvous_options options,
+                     std::map<std::string, std::string> vars = {}) -> std::string {
+    const auto env = env_of(std::move(vars));
+    options.env = &env;
     try {
-      dcomm::rendezvous(std::move(options));
+      dcomm::rendezvous(options);
     } catch (const dcomm::error& e) {
       return std::string(e.what()) + " [" + e.code().message() + "]";
     }
     return "no error";
   };
-  auto what = error_of(
-      {.init_method = "env://", .env = env_of({{"MASTER_ADDR", "127.0.0.1"}, {"RANK", "0"}})});
+  auto what = error_of({.init_method = "env://"}, {{"MASTER_ADDR", "127.0.0.1"}, {"RANK", "0"}});
   CHECK(contains(what, "MASTER_PORT"));
-  what = error_of({.init_method = "env://",
-                   .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
-                                  {"MASTER_PORT", "29500"},
-                                  {"RANK", "4"},
-                                  {"WORLD_SIZE", "4"}})});
+  what = error_of(
+      {.init_method = "env://"},
+      {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}, {"RANK", "4"}, {"WORLD_SIZE", "4"}});
   CHECK(contains(what, "invalid argument"));
   CHECK(contains(what, "4"));
   what = error_of({.init_method = "tcp://127.0.0.1", .rank = 0, .world_size = 1});
@@ -353,12 +357,11 @@ TEST_CASE("bad input fails before anything is bound or connected") {
   CHECK(contains(what, "invalid argument"));
   what = error_of({.init_method = "file://relative/path", .rank = 0, .world_size = 1});
   CHECK(contains(what, "invalid argument"));
-  what = error_of({.init_method = "env://",
-                   .env = env_of({{"MASTER_ADDR", "127.0.0.1"},
-                                  {"MASTER_PORT", "29500"},
-                                  {"RANK", "0"},
-                                  {"WORLD_SIZE", "1"},
-                                  {"DCOMM_MASTER_LISTEN_FD", "x"}})});
+  what = error_of({.init_method = "env://"}, {{"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", "29500"},
+                                              {"RANK", "0"},
+                                              {"WORLD_SIZE", "1"},
+                                              {"DCOMM_MASTER_LISTEN_FD", "x"}});
   CHECK(contains(what, "DCOMM_MASTER_LISTEN_FD"));
 }
 
@@ -371,8 +374,8 @@ TEST_CASE("a port already in use is named, with the variable to change") {
                   {"RANK", "0"},
                   {"WORLD_SIZE", "1"}});
     try {
-      dcomm::rendezvous(
-          {.init_method = "env://", .bind_host = "127.0.0.1", .env = env_of(std::move(extra))});
+      const auto env = env_of(std::move(extra));
+      dcomm::rendezvous({.init_method = "env://", .bind_host = "127.0.0.1", .env = &env});
     } catch (const dcomm::error& e) {
       CHECK(e.code() == errc::address_in_use);
       return e.what();

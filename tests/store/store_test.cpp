@@ -197,7 +197,8 @@ void check_agent_store_rendezvous(dcomm::test::c10d_server& agent) {
   std::vector<std::future<int>> ranks;
   for (int rank = 0; rank < world; ++rank)
     ranks.push_back(std::async(std::launch::async, [&agent, rank] {
-      auto env = [&agent, rank](std::string_view name) -> std::optional<std::string> {
+      const dcomm::env_lookup env = [&agent,
+                                     rank](std::string_view name) -> std::optional<std::string> {
         if (name == "TORCHELASTIC_USE_AGENT_STORE") return "True";
         if (name == "TORCHELASTIC_RESTART_COUNT") return "2";
         if (name == "MASTER_ADDR") return "127.0.0.1";
@@ -206,7 +207,7 @@ void check_agent_store_rendezvous(dcomm::test::c10d_server& agent) {
         if (name == "WORLD_SIZE") return "3";
         return std::nullopt;
       };
-      auto joined = dcomm::rendezvous({.timeout = 30s, .env = env});
+      auto joined = dcomm::rendezvous({.timeout = 30s, .env = &env});
       CHECK(dynamic_cast<dcomm::c10d_store*>(joined.store.get()) != nullptr);
       joined.store->add("sum", rank + 1, dcomm::blocking);
       dcomm::depart(joined, dcomm::blocking);

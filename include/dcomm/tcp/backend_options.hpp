@@ -8,14 +8,18 @@
 #include <cstdlib>
 #include <string>
 
+#include "dcomm/option_string.hpp"
+
 namespace dcomm::tcp {
 
+// Every member is trivially destructible (text in option_string), so that
+// options holding these can be a braced temporary in a co_await on g++ 12.
 struct backend_options {
   // Where this rank listens for its peers; empty: every interface.
-  std::string bind_host = "";
+  option_string bind_host = "";
   // The address peers use to reach this rank. Empty: $DCOMM_SOCKET_ADDR,
   // else the local address that routes to the store's host.
-  std::string advertise_host = "";
+  option_string advertise_host = "";
   // Messages up to this size are sent at once; larger ones wait until
   // the receiver has posted its buffer, and land in it directly.
   std::size_t eager_limit = 64 * 1024;
@@ -43,22 +47,20 @@ struct backend_options {
   // arrive. Every rank must agree (else errc::mismatch).
   bool confirm_rooted = true;
   // Per-operation algorithm overrides, "all_reduce=ring,broadcast=chain".
-  std::string algorithms = [] {
-    const char* v = std::getenv("DCOMM_ALGO");
-    return std::string(v ? v : "");
-  }();
+  option_string algorithms = std::getenv("DCOMM_ALGO");
   // The links between ranks of one host: "auto" (shared memory; TCP
   // between hosts), "shm" (the same, and a rank that cannot tell its host
   // fails at start-up) or "tcp" (loopback sockets). A pair of ranks uses
-  // shared memory only if neither says "tcp". Empty: $DCOMM_TRANSPORT.
-  std::string transport = [] {
+  // shared memory only if neither says "tcp". Empty: "auto". The default
+  // is $DCOMM_TRANSPORT where set.
+  option_string transport = [] {
     const char* v = std::getenv("DCOMM_TRANSPORT");
-    return std::string(v ? v : "auto");
+    return option_string(v ? v : "auto");
   }();
   // Which host this rank counts as for shared memory; empty: what the
   // kernel says (shm/host_identity.hpp), or $DCOMM_HOST_ID. Ranks with
   // different ids talk TCP: tests make one machine play several hosts.
-  std::string host_id = "";
+  option_string host_id = "";
   // Each shared memory link's ring, per direction (a power of two).
   std::size_t shm_ring_bytes = 1 << 20;
   // Each of a rank's two slots in an arena, where the collectives
