@@ -45,6 +45,15 @@
 #include "dcomm/request.hpp"
 #include "dcomm/tensor.hpp"
 
+// A call given no completion token returns an asio::awaitable that does
+// nothing until it is co_awaited: `comm.all_reduce(x, dcomm::sum);` alone in
+// plain code would silently not reduce. Discarding such a value (it is
+// [[nodiscard]]) is an error in every file that includes this header;
+// define DCOMM_ALLOW_DISCARDED_RESULTS to leave it the compiler's warning.
+#if !defined(DCOMM_ALLOW_DISCARDED_RESULTS) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC diagnostic error "-Wunused-result"
+#endif
+
 namespace dcomm {
 
 // A trivially copyable value, a std::string, or a std::vector of trivially
