@@ -63,7 +63,7 @@ class cpu_backend {
     auto ex = co_await asio::this_coro::executor;
     auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
     tcp::mesh_options mesh{
-        .purpose = "tcp_backend",  // the handshake's name for this mesh, kept from wave 1
+        .purpose = "tcp_backend",  // the handshake's name for this mesh, kept from its first name
         .job_token = std::move(job_token),
         .bind_host = o.bind_host,
         .advertise_host = tcp::advertised_address(ex, o.advertise_host, o.bind_host, store_host)};
