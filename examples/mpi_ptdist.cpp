@@ -1,6 +1,6 @@
-// The two programs of ../shared/seeds/000_* ("ptdist.py", run with
-// mpiexec and backend='mpi') in C++ with dcomm's MPI backend, printing what
-// the seed shows:
+// The two programs of ptdist.py, from an introduction to distributed
+// training with PyTorch over MPI (run with mpiexec and backend='mpi'), in
+// C++ with dcomm's MPI backend, printing what that text shows:
 //
 //   mpirun -np 2 mpi_ptdist send_recv    rank 0 sends [1, -1] to rank 1
 //   mpirun -np 3 mpi_ptdist all_reduce   x = 1, 2, -3 summed: every rank has 0
@@ -30,7 +30,7 @@ std::string show(const std::vector<float>& v) {
   return s + "])";
 }
 
-// The seed's point to point: x goes from rank 0 to rank 1's z.
+// ptdist.py's point to point: x goes from rank 0 to rank 1's z.
 void send_recv(comm_t& c) {
   if (c.rank() == 0) {
     std::vector<float> x{1.0f, -1.0f};
@@ -43,7 +43,7 @@ void send_recv(comm_t& c) {
   }
 }
 
-// The seed's main(rank, world): an all_reduce in a world of three.
+// ptdist.py's main(rank, world): an all_reduce in a world of three.
 void all_reduce(comm_t& c) {
   std::vector<float> x;
   if (c.rank() == 0)

@@ -1,5 +1,5 @@
 // The programs of PyTorch's "Writing Distributed Applications with PyTorch"
-// tutorial (../shared/seeds/002_*), and the all_reduce of 000_*, in C++ with
+// tutorial, and the all_reduce of ptdist.py (see mpi_ptdist.cpp), in C++ with
 // dcomm; docs/tutorial.md walks through them.
 //
 //   tutorial PROGRAM [--world N]     spawns N local ranks (the tutorial's
@@ -79,7 +79,7 @@ void isend_irecv(comm_t& c) {
 
 // ---------------------------------------------------------- collectives
 
-// 000_*: in a world of 3, ranks hold 1, 2 and -3; the sum is 0 everywhere.
+// ptdist.py's: in a world of 3, ranks hold 1, 2 and -3; the sum is 0 everywhere.
 void all_reduce(comm_t& c) {
   const float inputs[] = {1.0f, 2.0f, -3.0f};
   std::vector<float> x{c.rank() < 3 ? inputs[c.rank()] : 0.0f};

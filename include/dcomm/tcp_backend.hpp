@@ -1,4 +1,4 @@
-// The CPU backend's name before it had shared memory (wave 1): code written
+// The CPU backend's name before it had shared memory: code written
 // against communicator<tcp_backend> builds unchanged. New code names
 // cpu_backend (dcomm/cpu_backend.hpp).
 #pragma once

@@ -1,8 +1,8 @@
 #!/bin/bash
 # The MPI backend under Slurm's srun (direct launch, no mpirun): starts a
 # private single-node Slurm (munged, slurmctld, slurmd) in a temporary
-# directory, runs the MPI tests and seed 000's mpi_ptdist under srun, and
-# stops it all again.
+# directory, runs the MPI tests and the ptdist example (mpi_ptdist) under
+# srun, and stops it all again.
 #
 #   under_slurm.sh MPI_TESTS MPI_PTDIST CHECK_OUTPUT_PY
 #

@@ -609,8 +609,10 @@ TEST_SUITE("init_method") {
   }
 
   TEST_CASE("missing rank or world size") {
+    // In the words of init_process_group, the call a user makes.
     CHECK_INVALID(parse("tcp://h:1", {}, {}, no_env), "rank", "world_size", "in code",
-                  "query string", "tcp://...?rank=R&world_size=N");
+                  "init_options{.rank = R, .world_size = N} to init_process_group", "query string",
+                  "tcp://...?rank=R&world_size=N");
     CHECK_INVALID(parse("tcp://h:1?rank=0", {}, {}, no_env), "world_size not given");
     CHECK_INVALID(parse("tcp://h:1", 0, {}, no_env), "world_size not given");
     CHECK_INVALID(parse("file:///tmp/x", {}, 2, no_env), "rank not given",

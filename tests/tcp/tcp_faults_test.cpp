@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -226,6 +228,59 @@ TEST_SUITE("tcp faults") {
       co_await c.all_reduce(v, dcomm::sum, quick());
       require(v[0] == 2.0f, "all_reduce after refused calls: " + std::to_string(v[0]));
       co_await c.broadcast(v, 1, quick());
+    });
+  }
+  // What docs/communicator.md ("Threads and errors") says of a timeout: the
+  // communicator stays usable. The failure reaches the rank that was late
+  // (it fails that call on entering it, without waiting for its own
+  // deadline), and every rank's next call matches and works.
+  TEST_CASE("after a timeout a late rank fails that call at once, and the next call works") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      if (r == 2) {
+        asio::steady_timer late(co_await asio::this_coro::executor, 2s);
+        co_await late.async_wait(asio::use_awaitable);
+      }
+      std::vector<int> v{1};
+      const dcomm::op_options deadline{.timeout = r == 2 ? 20s : 500ms};
+      const auto entered = std::chrono::steady_clock::now();
+      auto [code, what] =
+          co_await failure_of([&] { return c.all_reduce(v, dcomm::sum, deadline); });
+      const auto waited = std::chrono::steady_clock::now() - entered;
+      require(code == dcomm::errc::timeout && contains(what, "rank 2"),
+              "rank " + std::to_string(r) + ": " + what);
+      require(waited < 5s, "rank " + std::to_string(r) + " waited for its own deadline: " + what);
+      std::vector<int> w{r + 1};
+      co_await c.all_reduce(w, dcomm::sum, quick());
+      require(w[0] == 6, "the all_reduce after the timeout: " + std::to_string(w[0]));
+      co_await c.barrier(quick());
+    });
+  }
+
+  // And of a lost peer: what needs it fails, now and later (its connection
+  // is not made again); what does not need it goes on.
+  TEST_CASE("after a peer is lost, calls that need it fail; a group without it still works") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      std::optional<comm> pair = c.new_group({0, 1});
+      co_await c.barrier(quick());
+      if (r == 2) co_return;  // its communicator goes away: its links close
+      std::vector<int> v{1};
+      for (int call = 0; call < 2; ++call) {
+        auto [code, what] =
+            co_await failure_of([&] { return c.all_reduce(v, dcomm::sum, quick()); });
+        require(code == dcomm::errc::peer_lost && contains(what, "rank 2"),
+                "world all_reduce " + std::to_string(call) + " without rank 2: " + what);
+      }
+      std::vector<int> w{r + 1};
+      co_await pair->all_reduce(w, dcomm::sum, quick());
+      require(w[0] == 3, "the pair's all_reduce: " + std::to_string(w[0]));
+      std::vector<int> x{r == 0 ? 42 : 0};
+      if (r == 0)
+        co_await c.send(x, 1, 7, quick());
+      else
+        co_await c.recv(x, 0, 7, quick());
+      require(x[0] == 42, "send/recv between the survivors: " + std::to_string(x[0]));
     });
   }
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "run/options.hpp"
+#include "options.hpp"
 
 namespace dcomm_run {
 

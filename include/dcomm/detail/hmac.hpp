@@ -37,9 +37,11 @@ inline void require_crypto_for(std::string_view token, const char* operation) {
     throw_error(errc::unsupported,
                 {.operation = operation,
                  .key = "DCOMM_JOB_TOKEN",
-                 .detail = "a job token is set but this dcomm build has no OpenSSL; rebuild with "
-                           "the meson feature 'openssl' enabled (package libssl-dev) or unset "
-                           "the token"});
+                 .detail = "a job token is set (dcomm-run and dcomm::spawn give their ranks "
+                           "one) but this dcomm build has no OpenSSL to check it; build with "
+                           "-DDCOMM_HAS_OPENSSL=1 and -lcrypto (Debian: libssl-dev; in Meson the "
+                           "feature 'openssl'), or run the job without a token: dcomm-run "
+                           "--no-auth, spawn_options{.auth = false}, or DCOMM_JOB_TOKEN unset"});
 }
 
 inline nonce make_nonce() {

@@ -200,8 +200,9 @@ inline void resolve_ranks(init_spec& spec, std::optional<int> code_rank,
     const std::string_view scheme = spec.kind == init_kind::tcp ? "tcp://" : "file://";
     const std::string_view missing = !rank ? "rank" : "world_size";
     throw_init_error(url, missing, "rank and world_size", std::string(missing) + " not given",
-                     "pass rank and world_size in code (parse_init_method(url, rank, "
-                     "world_size)) or in the query string (" +
+                     "pass rank and world_size in code (init_options{.rank = R, .world_size = "
+                     "N} to init_process_group; rendezvous_options alike) or in the query "
+                     "string (" +
                          std::string(scheme) + "...?rank=R&world_size=N)");
   }
   check_rank_below_size(*rank, *size, url, "rank", "world size");
