@@ -43,9 +43,11 @@
 //   (MPI_Cancel) and leaves the backend usable.
 // - Mismatches: a receive checks the size that arrived (a larger message
 //   is MPI's truncation error, a smaller one dcomm's check): both fail with
-//   errc::mismatch naming the sender. MPI does not check that ranks make
-//   the same collective call (a small all_reduce's size is checked:
-//   every rank fails with errc::mismatch); options::check_calls (or
+//   errc::mismatch naming the sender. Not its dtype: a message is bytes
+//   (MPI_BYTE), and MPI libraries do not compare datatypes anyway. MPI
+//   does not check that ranks make the same collective call (a small
+//   all_reduce's size is checked: every rank fails with
+//   errc::mismatch); options::check_calls (or
 //   DCOMM_MPI_CHECK_CALLS=1) makes every collective first compare its
 //   signature across the group (one MPI_Allreduce of two words), failing
 //   every rank with errc::mismatch where they differ.

@@ -19,7 +19,10 @@
 //   (so its messages never match the program's) and, on each rank, one
 //   receive per peer that lasts until shutdown: calls and replies from
 //   that peer. Every rank must start with its functions registered: a
-//   call never races a registration.
+//   call never races a registration. No handler runs before start() has
+//   returned on its rank (calls that come sooner wait), so a handler may
+//   use the agent its caller got from start(), stored before the caller's
+//   next co_await.
 // - A call sends a header and its bytes (rpc/codec.hpp: the function's
 //   name, its argument signature, the arguments) and waits for the reply
 //   until its deadline (agent_options::timeout, or the one given with
@@ -162,7 +165,10 @@ class remote_ref {
 };
 
 // Starts the agent on every rank of comm (collective: each rank must call
-// it, with the functions it serves).
+// it, with the functions it serves). Serving begins only after it has
+// returned: behind the caller's coroutine on its executor (a strand or one
+// thread), so that coroutine can store the agent where handlers look for
+// it before any handler runs.
 template <class Backend>
 asio::awaitable<agent<Backend>> start(const communicator<Backend>& comm, registry functions,
                                       agent_options o = {});

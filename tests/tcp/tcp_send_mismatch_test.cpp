@@ -3,8 +3,10 @@
 // sees it, so the receiver's fail frame usually comes back after it and
 // fails the sender's next operation with that peer (or the one waiting on
 // it), naming the earlier send by tag and sizes; a send still pending then
-// fails itself. Thread worlds over real sockets. And the transport's record
-// of failed collective calls stays bounded.
+// fails itself. A dtype mismatch of the same size goes the same way (issue
+// 41), and every dtype matched with itself still passes. Thread worlds
+// over real sockets. And the transport's record of failed collective calls
+// stays bounded.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -49,9 +51,114 @@ void require_names_the_send(dcomm::errc code, const std::string& what, bool late
           "a later operation names the earlier send: " + what);
 }
 
+// Issue 41: a send and a receive of the same size but different dtypes.
+// Rank 0 sends `n` elements of `sent` with tag 5, rank 1 receives them
+// into as many bytes of `received` (by recv, or irecv where `nonblocking`),
+// then sends a go-ahead with tag 7. Both fail with mismatch naming both
+// dtypes: the receive at once; the send itself if it is large (it waits
+// for its receive), else it or the sender's next operation with rank 1.
+template <class Sent, class Received>
+asio::awaitable<void> mismatched_dtypes(comm& c, std::size_t n, bool nonblocking) {
+  static_assert(sizeof(Sent) == sizeof(Received));
+  const std::string sent = std::string(dcomm::name(dcomm::dtype_of_v<Sent>)) + " x " +
+                           std::to_string(n) + ")",
+                    received = std::string(dcomm::name(dcomm::dtype_of_v<Received>)) + " x " +
+                               std::to_string(n) + ")";
+  const std::string bytes = std::to_string(n * sizeof(Sent)) + " bytes (";
+  auto names_both = [&](const std::string& what) {
+    return contains(what, bytes + sent) && contains(what, bytes + received) &&
+           contains(what, "dtype mismatch");
+  };
+  std::vector<float> go(1);
+  if (c.rank() == 1) {
+    std::vector<Received> into(n);
+    auto [code, what] = co_await failure_of([&]() -> asio::awaitable<void> {
+      if (nonblocking)
+        co_await c.irecv(into, 0, 5).async_wait();
+      else
+        co_await c.recv(into, 0, 5);
+    });
+    require(
+        code == dcomm::errc::mismatch && names_both(what) && contains(what, "in recv") &&
+            contains(what, "(rank 1)") && contains(what, "peers rank 0") && contains(what, "tag 5"),
+        "the receive fails with mismatch naming both dtypes, the operation and the ranks: " + what);
+    go[0] = 7.0f;
+    co_await c.send(go, 0, 7);
+    co_return;
+  }
+  std::vector<Sent> out(n);
+  auto [send_code, send_what] = co_await failure_of([&] { return c.send(out, 1, 5); });
+  auto sender_named_both = [&](dcomm::errc code, const std::string& what) {
+    require(code == dcomm::errc::mismatch && names_both(what) && contains(what, "tag 5") &&
+                contains(what, "rank 1"),
+            "the sender fails with mismatch naming both dtypes: '" + what + "'");
+  };
+  if (n * sizeof(Sent) > 64 * 1024 || send_code != dcomm::errc{}) {
+    sender_named_both(send_code, send_what);
+  } else {
+    auto [code, what] = co_await failure_of([&] { return c.recv(go, 1, 7); });
+    sender_named_both(code, what);
+    require(contains(what, "earlier send"), "a later operation names the earlier send: " + what);
+  }
+  co_await c.recv(go, 1, 7);  // reported once: the link is in step
+  require(go[0] == 7.0f, "the go-ahead arrives after the report");
+}
+
+// Sends n elements of T from rank 0 to rank 1 and checks them there.
+template <class T>
+asio::awaitable<void> matching_dtype(comm& c, std::size_t n) {
+  std::vector<T> v(n);
+  if (c.rank() == 0) {
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(static_cast<float>(i % 100));
+    co_await c.send(v, 1, 3);
+  } else {
+    co_await c.recv(v, 0, 3);
+    for (std::size_t i = 0; i < n; ++i)
+      require(static_cast<float>(v[i]) == static_cast<float>(i % 100),
+              std::string(dcomm::name(dcomm::dtype_of_v<T>)) + " element " + std::to_string(i) +
+                  " of " + std::to_string(n) + " differs");
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("tcp point to point") {
+  TEST_CASE("dtype mismatch of the same size fails both sides with mismatch naming both dtypes") {
+    DCOMM_TEST_DEADLINE(120s);
+    // Eager (10 elements) and large (100,000: over eager_limit), received
+    // by recv and by irecv.
+    for (std::size_t n : {std::size_t{10}, std::size_t{100'000}})
+      for (bool nonblocking : {false, true}) {
+        const std::string by = nonblocking ? "irecv" : "recv";
+        INFO("n = " << n << ", by " << by);
+        DCOMM_REQUIRE_WORLD(
+            2,
+            [&](comm& c, int) -> asio::awaitable<void> {
+              co_await mismatched_dtypes<float, std::int32_t>(c, n, nonblocking);
+              co_await mismatched_dtypes<std::uint8_t, std::int8_t>(c, n, nonblocking);
+              co_await mismatched_dtypes<dcomm::float16, dcomm::bfloat16>(c, n, nonblocking);
+              co_await mismatched_dtypes<std::int64_t, double>(c, n, nonblocking);
+            },
+            10s);
+      }
+  }
+
+  TEST_CASE("every dtype sent and received as itself still passes, eager and large") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int) -> asio::awaitable<void> {
+      for (std::size_t n : {std::size_t{0}, std::size_t{10}, std::size_t{100'000}}) {
+        co_await matching_dtype<std::int8_t>(c, n);
+        co_await matching_dtype<std::uint8_t>(c, n);
+        co_await matching_dtype<std::int32_t>(c, n);
+        co_await matching_dtype<std::int64_t>(c, n);
+        co_await matching_dtype<dcomm::float16>(c, n);
+        co_await matching_dtype<dcomm::bfloat16>(c, n);
+        co_await matching_dtype<float>(c, n);
+        co_await matching_dtype<double>(c, n);
+      }
+    });
+  }
+
   TEST_CASE("eager size mismatch: a blocking send, or the sender's next wait on that peer, fails") {
     DCOMM_TEST_DEADLINE(60s);
     DCOMM_REQUIRE_WORLD(

@@ -385,30 +385,32 @@ inline void transport::fail_reported(op_state& op, const failed_call& f) {
   fail_op(op, make_error(f.code, op, std::move(peers), std::move(detail)));
 }
 
-// A receive of `peer` refused a send from here (sizes differ). The frame
-// names the send (group, tag as seq), what the receive expected (bytes,
-// sig) and what the send had (cookie2). The send fails if its op is still
-// in progress (a large send waits for cts; an eager one may not have
-// resumed yet); else the operation here waiting on the peer fails now (the
-// oldest), or if none is, the next one that posts a message to it
-// (report_refused_send): a blocking send of an eager message returns before
-// its receiver sees it, so that is the earliest the sender can learn it.
+// A receive of `peer` refused a send from here (sizes or dtypes differ).
+// The frame names the send (group, tag as seq), what the receive expected
+// (bytes, sig) and what the send had (cookie2: bytes, extra: dtype). The
+// send fails if its op is still in progress (a large send waits for cts;
+// an eager one may not have resumed yet); else the operation here waiting
+// on the peer fails now (the oldest), or if none is, the next one that
+// posts a message to it (report_refused_send): a blocking send of an eager
+// message returns before its receiver sees it, so that is the earliest the
+// sender can learn it.
 inline void transport::on_refused_send(int peer, const wire_header& h) {
   note_cause(fail_reason::mismatch, peer);
-  const refused_send r{
-      .group = h.group, .tag = h.seq, .sent = h.cookie2, .expected = h.bytes, .receive = h.sig};
-  const std::string expected =
-      "rank " + std::to_string(peer) + " expected " + std::to_string(r.expected) + " bytes (" +
-      std::string(name(r.receive.type)) + " x " + std::to_string(r.receive.count) + ")";
+  const refused_send r{.group = h.group,
+                       .tag = h.seq,
+                       .sent = h.cookie2,
+                       .sent_type = static_cast<dtype>(h.extra),
+                       .expected = h.bytes,
+                       .receive = h.sig};
   for (op_state* op = ops_; op; op = op->next_op)
     if (!op->collective && op->group == h.group && op->seq == h.seq &&
         std::any_of(op->items.begin(), op->items.end(),
                     [&](const io_item& i) { return i.is_send && i.peer == peer; })) {
       if (op->failure) return;
       op->culprit = peer;
-      return fail_op(*op, make_error(errc::mismatch, *op, "rank " + std::to_string(peer),
-                                     expected + " for this message of " + std::to_string(r.sent) +
-                                         " bytes (a receive never truncates)"));
+      return fail_op(*op,
+                     make_error(errc::mismatch, *op, "rank " + std::to_string(peer),
+                                refused_send_detail(r, peer, "this send"), peer_address(peer)));
     }
   op_state* waiting = nullptr;  // ops_ lists the newest first
   for (op_state* op = ops_; op; op = op->next_op)
@@ -422,6 +424,17 @@ inline void transport::on_refused_send(int peer, const wire_header& h) {
   // The first one stands: it is the one to fix.
   auto& pending = links_[static_cast<std::size_t>(peer)]->refused;
   if (!pending) pending = r;
+}
+
+// What a refused send had and what the receive of `peer` expected:
+// "<send> had 40 bytes (float32 x 10), rank 1 expected 40 bytes (int32 x
+// 10): dtype mismatch".
+inline std::string transport::refused_send_detail(const refused_send& r, int peer,
+                                                  const std::string& send) {
+  return send + " had " + describe_message(r.sent_type, r.sent) + ", rank " + std::to_string(peer) +
+         " expected " + describe_message(r.receive.type, r.expected) + ": " +
+         p2p_mismatch(r.sent_type, r.sent, r.receive.type, r.expected) +
+         (r.sent != r.expected ? " (a receive never truncates)" : "");
 }
 
 // An item is posted to `it.peer`: if a send of ours to it was refused and
@@ -469,13 +482,12 @@ inline void transport::fail_for_refused_send(op_state& op, int peer, const refus
   const std::string group = r.group == op.group && !op.group_name.empty()
                                 ? std::string(op.group_name)
                                 : std::string("another group");
+  const std::string send =
+      "the send (tag " + std::to_string(static_cast<std::int64_t>(r.tag)) + " on " + group + ")";
   fail_op(op, make_error(errc::mismatch, op, rank,
-                         "an earlier send to " + rank + " did not match its receive: the send " +
-                             "(tag " + std::to_string(static_cast<std::int64_t>(r.tag)) + " on " +
-                             group + ") had " + std::to_string(r.sent) + " bytes, " + rank +
-                             " expected " + std::to_string(r.expected) + " bytes (" +
-                             std::string(name(r.receive.type)) + " x " +
-                             std::to_string(r.receive.count) + "; a receive never truncates)"));
+                         "an earlier send to " + rank +
+                             " did not match its receive: " + refused_send_detail(r, peer, send),
+                         peer_address(peer)));
   for (auto& it : op.items) cancel_item(it, true);
 }
 

@@ -22,17 +22,18 @@
 
 namespace dcomm::tcp {
 
-// A send from here that a receive of the peer refused (sizes differ) after
-// the send had completed (an eager message is done once written): the
-// peer's fail frame says so, and the next operation here that waits on the
-// peer, or posts a message to it, fails with errc::mismatch naming the send
-// (tcp/failure_forwarding.hpp).
+// A send from here that a receive of the peer refused (sizes or dtypes
+// differ) after the send had completed (an eager message is done once
+// written): the peer's fail frame says so, and the next operation here
+// that waits on the peer, or posts a message to it, fails with
+// errc::mismatch naming the send (tcp/failure_forwarding.hpp).
 struct refused_send {
   std::uint64_t group = 0;
   std::uint64_t tag = 0;
-  std::uint64_t sent = 0;      // bytes the send had
-  std::uint64_t expected = 0;  // bytes the receive expected
-  call_signature receive{};    // the receive's dtype and count
+  std::uint64_t sent = 0;          // bytes the send had
+  dtype sent_type = dtype::uint8;  // and their dtype
+  std::uint64_t expected = 0;      // bytes the receive expected
+  call_signature receive{};        // the receive's dtype and count
 };
 
 // A frame waiting to be written to a link (a header, and for eager and

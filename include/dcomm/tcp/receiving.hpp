@@ -50,9 +50,12 @@ inline void transport::post_recv(io_item& it) {
   l.posted.push_back(&it);
 }
 
-// A message from it.peer arrived for a posted receive: does it fit?
+// A message from it.peer arrived for a posted receive: does it fit? A
+// collective's message carries its call's whole signature; a send's, its
+// dtype and count: the dtype must be the receive's too (as torch asks: a
+// uint8 buffer is no wildcard), and the size, which then says the count.
 inline bool transport::check_match(io_item& it, const wire_header& h) {
-  bool same_call = !h.collective || h.sig == it.sig;
+  const bool same_call = h.collective ? h.sig == it.sig : h.sig.type == it.sig.type;
   if (same_call && h.bytes == it.bytes) {
     // What the sender knew of the call's arrivals (detail/arrivals.hpp).
     if (h.collective)
@@ -61,14 +64,16 @@ inline bool transport::check_match(io_item& it, const wire_header& h) {
     return true;
   }
   std::string detail;
-  if (!same_call)
+  if (h.collective && !same_call)
     detail = "ranks called different collectives: rank " + std::to_string(it.peer) + " called " +
              describe(h.sig) + ", this rank called " + describe(it.sig);
   else
-    detail = "message size mismatch: rank " + std::to_string(it.peer) + " sent " +
-             std::to_string(h.bytes) + " bytes, this rank expects " + std::to_string(it.bytes) +
-             " bytes (a receive never truncates)";
-  auto e = make_error(errc::mismatch, *it.op, "rank " + std::to_string(it.peer), detail);
+    detail = std::string(p2p_mismatch(h.sig.type, h.bytes, it.sig.type, it.bytes)) + ": rank " +
+             std::to_string(it.peer) + " sent " + describe_message(h.sig.type, h.bytes) +
+             ", this rank expects " + describe_message(it.sig.type, it.bytes) +
+             (h.bytes != it.bytes ? " (a receive never truncates)" : "");
+  auto e = make_error(errc::mismatch, *it.op, "rank " + std::to_string(it.peer), detail,
+                      peer_address(it.peer));
   note_cause(fail_reason::mismatch, it.peer);
   it.op->culprit = it.peer;
   fail_item(it, e);
@@ -79,13 +84,15 @@ inline bool transport::check_match(io_item& it, const wire_header& h) {
     // Tell the sender, so its send fails now rather than at its deadline,
     // or if it completed already (an eager message), its next operation
     // with this rank: bytes and sig say what this receive expected, cookie2
-    // what the send had, so that the sender can name it.
+    // and extra what the send had (bytes, dtype), so that the sender can
+    // name it.
     wire_header f = h;
     f.kind = msg_kind::fail;
     f.sig = it.sig;
     f.bytes = it.bytes;
     f.cookie = static_cast<std::uint64_t>(fail_reason::mismatch);
     f.cookie2 = h.bytes;
+    f.extra = static_cast<std::uint32_t>(h.sig.type);
     links_[static_cast<std::size_t>(it.peer)]->frames.push_back({f, nullptr, 0, nullptr});
     start_write(it.peer);
   }

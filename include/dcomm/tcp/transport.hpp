@@ -485,6 +485,7 @@ class transport : public std::enable_shared_from_this<transport> {
   void on_refused_send(int peer, const wire_header& h);
   bool report_refused_send(io_item& it);
   void fail_for_refused_send(op_state& op, int peer, const refused_send& r);
+  static std::string refused_send_detail(const refused_send& r, int peer, const std::string& send);
 
   // Shared memory links (tcp/shm_links.hpp).
   void use_shm(shm_links shm);

@@ -91,6 +91,20 @@ inline std::string describe(const call_signature& s) {
   return d;
 }
 
+// A point-to-point message as a mismatch names it: "40 bytes (float32 x 10)".
+inline std::string describe_message(dtype type, std::uint64_t bytes) {
+  const std::size_t element = size_of(type);
+  return std::to_string(bytes) + " bytes (" + std::string(dcomm::name(type)) +
+         (element ? " x " + std::to_string(bytes / element) : std::string()) + ")";
+}
+
+// What differs between a send and the receive that refused it.
+inline const char* p2p_mismatch(dtype sent, std::uint64_t sent_bytes, dtype expected,
+                                std::uint64_t expected_bytes) {
+  if (sent == expected) return "message size mismatch";
+  return sent_bytes == expected_bytes ? "dtype mismatch" : "dtype and size mismatch";
+}
+
 enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
 
 // Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
@@ -142,7 +156,8 @@ struct wire_header {
   std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
   std::uint32_t step = 0;
   // rts over shared memory: the sender's count of withdrawn offers
-  // (shm/single_copy.hpp); cts: 1 when the receiver read the payload itself.
+  // (shm/single_copy.hpp); cts: 1 when the receiver read the payload itself;
+  // fail for a send a receive refused: the send's dtype.
   std::uint32_t extra = 0;
   std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
   std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id

@@ -273,6 +273,13 @@ asio::awaitable<agent<Backend>> start(const communicator<Backend>& comm, registr
   // Every rank listens before any call: calls never meet a rank that
   // has not started (a barrier of the agent's group).
   co_await group->barrier();
+  // A call that came in meanwhile (a peer passed the barrier first) waits,
+  // and so does every call until this job runs: the caller's coroutine
+  // goes on from the co_return without a pause, and the job is posted
+  // behind it on its executor (a strand or one thread), so the caller holds
+  // the agent, and has stored it, before any handler can run.
+  auto caller = co_await asio::this_coro::executor;
+  asio::post(caller, [s] { asio::dispatch(s->ex, [s] { detail::begin_serving(s); }); });
   co_return agent<Backend>(std::move(s), std::move(group));
 }
 

@@ -16,7 +16,8 @@
 //   bye      none: the last frame of a shutdown; the receiver stops
 //            listening to that peer
 // A rank listens to each peer with one receive at a time that lasts until
-// shutdown (or until the communicator closes or the peer is lost).
+// shutdown (or until the communicator closes or the peer is lost). Calls
+// that come before start() has returned wait until it has (begin_serving).
 //
 // Lifetime: the user's agent handles own the group's communicator; the
 // listening loops and handlers hold only the state, and the group weakly,
@@ -91,6 +92,15 @@ struct agent_state {
   std::unordered_map<std::uint64_t, detail::frame_out> values;
   std::uint64_t payload_bytes = 0, tensor_bytes = 0;  // sent (payloads, tensors)
   std::uint64_t next_value = 1;
+  // Calls wait here until start() has handed the agent to its caller
+  // (begin_serving): a handler may use the agent start() returned.
+  struct held_call {
+    int peer;
+    std::uint64_t id;
+    detail::frame_in frame;
+  };
+  bool serving = false;
+  std::vector<held_call> held;
   bool closed = false;
   asio::steady_timer* shutdown_wake = nullptr;
 
@@ -327,6 +337,15 @@ frame_in receive_tensors(const agent_state<Backend>& s, int peer, bytes payload)
   }
 }
 
+// Serving begins: the calls held until start() returned are handled, and
+// every later one as it comes.
+template <class Backend>
+void begin_serving(const std::shared_ptr<agent_state<Backend>>& s) {
+  s->serving = true;
+  for (auto& c : std::exchange(s->held, {}))
+    asio::co_spawn(s->ex, handle(s, c.peer, c.id, std::move(c.frame)), asio::detached);
+}
+
 // Listens to `peer` until its bye, its loss or the agent's end.
 template <class Backend>
 asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
@@ -384,7 +403,10 @@ asio::awaitable<void> serve(std::shared_ptr<agent_state<Backend>> s, int peer) {
         case wire::kind::call:
           ++s->handlers;
           ++s->received;
-          asio::co_spawn(s->ex, handle(s, peer, h.id, std::move(frame)), asio::detached);
+          if (s->serving)
+            asio::co_spawn(s->ex, handle(s, peer, h.id, std::move(frame)), asio::detached);
+          else
+            s->held.push_back({peer, h.id, std::move(frame)});
           break;
         case wire::kind::reply:
         case wire::kind::failure:
