@@ -142,6 +142,9 @@ int as_agent_store_rank() {
 // SCENARIO` under dcomm-run --trace-dir; world 3, 3 s deadlines). Every
 // rank makes barrier #0 and all_reduce #1; then, for call #2:
 //   sleeper:  rank 1 sleeps instead (until dcomm-run stops it)
+//   lingering: as sleeper, but rank 2 stays after its call failed (still
+//             running when dcomm-run asks for the dumps); rank 0 exits 1 s
+//             after its own failure
 //   mismatch: rank 1 calls broadcast (root 0) where the others all_reduce
 //   killed:   rank 2 kills itself (SIGKILL)
 //   clean:    every rank calls all_reduce (the job succeeds)
@@ -158,8 +161,17 @@ int as_trace_rank(const std::string& scenario) {
     std::printf("ready\n");
     std::fflush(stdout);
     const int rank = comm.rank();
-    if (scenario == "sleeper" && rank == 1) {
+    if ((scenario == "sleeper" || scenario == "lingering") && rank == 1) {
       std::this_thread::sleep_for(60s);
+    } else if (scenario == "lingering") {
+      try {
+        comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank failed: %s\n", e.what());
+        // Rank 2 has failed (and dumped) too when rank 0's exit stops the job.
+        std::this_thread::sleep_for(rank == 2 ? 60s : 1s);
+        return 1;
+      }
     } else if (scenario == "killed" && rank == 2) {
       ::raise(SIGKILL);
     } else if (scenario == "mismatch" && rank == 1) {
@@ -517,6 +529,37 @@ TEST_SUITE("trace analyzer") {
     CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
       return l.starts_with("  rank 1 (pid ") && l.ends_with(") dumped on: SIGUSR1");
     }));
+  }
+
+  // Issue 41: dcomm-run's SIGUSR1 reaches a rank that failed and dumped
+  // already (rank 2 stays after its call failed): its failure's dump, the
+  // message that located the culprit, is kept beside the later one.
+  TEST_CASE("a rank that failed and dumped before SIGUSR1 keeps its failure's dump") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("lingering");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 1);
+    CHECK(t.analyzer.status == 0);
+    for (const std::string& report : {t.job.err, t.analyzer.out}) {
+      const auto lines = lines_of(report);
+      auto line_of = [&](const std::string& start, const std::string& end) {
+        return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+          const auto at = l.find(start);
+          return at != std::string::npos && l.find(end, at) != std::string::npos;
+        });
+      };
+      // The failure's message, naming rank 1 and where it was; then SIGUSR1's.
+      CHECK(line_of("rank 2 (pid ",
+                    ") dumped on: dcomm: timed out in all_reduce (rank 2), peers "
+                    "rank 1"));
+      CHECK(line_of("rank 2 (pid ",
+                    "rank 1 had not entered this call: its last call in this "
+                    "group was #1 (this is #2)"));
+      CHECK(line_of("rank 2 (pid ", ") dumped again on: SIGUSR1"));
+      CHECK(line_of("rank 0 (pid ", ") dumped on: dcomm: timed out in all_reduce (rank 0)"));
+      CHECK(line_of("rank 1 (pid ", ") dumped on: SIGUSR1"));
+      CHECK(has(report, "rank 1 holds up the world group: it has not entered all_reduce #2"));
+    }
   }
 
   TEST_CASE("ranks that make different calls: both calls side by side") {
