@@ -34,6 +34,7 @@
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/trace/error_file.hpp"
 #include "support/deadline.hpp"
+#include "support/listening_socket.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_launcher.hpp"
 
@@ -129,6 +130,28 @@ int as_agent_store_rank() {
     s.wait(all, dcomm::blocking);
     std::printf("rank %d: store %s, sum=%s\n", world.rank, c10d ? "c10d" : "dcomm",
                 s.get("sum", dcomm::blocking).c_str());
+    std::fflush(stdout);
+    dcomm::depart(world, dcomm::blocking);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    return 1;
+  }
+}
+
+// The rank program of the tcp:// tests (`launcher_tests --as-url-rank URL`
+// under dcomm-run): the ranks meet through URL's store, agree on a sum and
+// say where the store is.
+int as_url_rank(const std::string& url) {
+  try {
+    auto world = dcomm::rendezvous({.init_method = url, .timeout = 5s});
+    auto& s = *world.store;
+    s.add("sum", world.rank + 1, dcomm::blocking);
+    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+    std::vector<std::string> all;
+    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);
+    std::printf("sum=%s store=%s\n", s.get("sum", dcomm::blocking).c_str(), s.address().c_str());
     std::fflush(stdout);
     dcomm::depart(world, dcomm::blocking);
     return 0;
@@ -296,6 +319,24 @@ TEST_SUITE("launcher") {
     CHECK(r.status == 0);
     CHECK(has(r.out, "[0] has-fd"));
     CHECK(has(r.out, "[1] no-fd"));
+  }
+
+  // Issue 41: rank 0 adopts dcomm-run's socket only for the port it is
+  // asked to listen on; a job that names its own port meets there.
+  TEST_CASE("a job that names another port (tcp://, MASTER_PORT) meets there, not at dcomm-run's") {
+    DCOMM_TEST_DEADLINE(60s);
+    const std::string port = std::to_string(dcomm::test::free_port());
+    const std::string rank_program = "exec '" + self_path() + "' --as-url-rank ";
+    for (const std::string& command :
+         {rank_program + "\"tcp://127.0.0.1:" + port + "?rank=$RANK&world_size=2\"",
+          "MASTER_PORT=" + port + " " + rank_program + "env://"}) {
+      CAPTURE(command);
+      auto r = run({"-n", "2", "/bin/sh", "-c", command});
+      INFO(r.out, r.err);
+      CHECK(r.status == 0);
+      for (const char* rank : {"[0] ", "[1] "})
+        CHECK(has(r.out, std::string(rank) + "sum=3 store=tcp://127.0.0.1:" + port + "\n"));
+    }
   }
 
   TEST_CASE("multi-node ranks: RANK = node rank x nproc + local rank") {
@@ -740,6 +781,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-agent-store-rank") return as_agent_store_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-late-culprit") return as_late_culprit();
+  if (argc == 3 && std::string(argv[1]) == "--as-url-rank") return as_url_rank(argv[2]);
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();
