@@ -458,21 +458,24 @@ class job {
   }
 
   // Whether each running rank has written its dump since SIGUSR1 (file
-  // times are coarse: 100 ms of slack), or 2 s have passed.
+  // times are coarse: 100 ms of slack), or 2 s have passed. A rank that
+  // failed and dumped before writes SIGUSR1's beside that one (-later).
   bool dumps_are_in() const {
     if (std::chrono::system_clock::now() - dumps_asked_ > std::chrono::seconds(2)) return true;
     const auto since = dumps_asked_ - std::chrono::milliseconds(100);
+    auto written_since = [since](const std::string& path) {
+      struct stat s {};
+      if (::stat(path.c_str(), &s) != 0) return false;
+      return std::chrono::system_clock::time_point(
+                 std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                     std::chrono::seconds(s.st_mtim.tv_sec) +
+                     std::chrono::nanoseconds(s.st_mtim.tv_nsec))) >= since;
+    };
     for (std::size_t local = 0; local < ranks_.size(); ++local) {
       if (!ranks_[local].running()) continue;
-      struct stat s {};
-      const std::string path =
-          o_.trace_dir + "/dcomm-trace-rank" + std::to_string(outputs_[local].rank) + ".json";
-      if (::stat(path.c_str(), &s) != 0) return false;
-      const auto written = std::chrono::system_clock::time_point(
-          std::chrono::duration_cast<std::chrono::system_clock::duration>(
-              std::chrono::seconds(s.st_mtim.tv_sec) +
-              std::chrono::nanoseconds(s.st_mtim.tv_nsec)));
-      if (written < since) return false;
+      const std::string stem =
+          o_.trace_dir + "/dcomm-trace-rank" + std::to_string(outputs_[local].rank);
+      if (!written_since(stem + ".json") && !written_since(stem + "-later.json")) return false;
     }
     return true;
   }

@@ -1,7 +1,8 @@
 // dcomm-trace: reads the ranks' flight recorder dumps and says where each
 // rank stood and why the job stopped (tools/trace/verdict.hpp).
 //
-//   dcomm-trace DIR            the dcomm-trace-rank<r>.json files in DIR
+//   dcomm-trace DIR            the dcomm-trace-rank<r>.json files in DIR (and
+//                              the -later.json ones beside them)
 //   dcomm-trace FILE...        those dumps
 //   dcomm-trace --merge-timeline PATH
 //                              merges the ranks' timelines (DCOMM_TRACE=PATH:

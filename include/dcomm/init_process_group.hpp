@@ -173,7 +173,7 @@ void dump_on_signal(comm_runtime<Backend>& rt) {
   rt.on_signal =
       trace::signal_dump::start(rt.backend->get_executor(), [recorder = rt.recorder, rank, world] {
         try {
-          recorder->dump(trace::failure_dump_path(rank), rank, world, "SIGUSR1");
+          recorder->dump_to_trace_dir(rank, world, "SIGUSR1", false);
         } catch (const std::exception&) {
           // Nobody to tell: the next signal tries again.
         }

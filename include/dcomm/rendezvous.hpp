@@ -15,10 +15,14 @@
 // progress_interval; at the deadline the error names them.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -95,6 +99,21 @@ inline std::string port_taken_hint(const init_spec& spec) {
          (spec.address_from.empty() || spec.address_from.starts_with("MASTER_ADDR and MASTER_PORT")
               ? std::string()
               : " (this one came from " + spec.address_from + ")");
+}
+
+// Whether `fd` is a socket bound to `port`: a launcher's rendezvous socket
+// (DCOMM_MASTER_LISTEN_FD) is rank 0's to adopt only then. A job may name a
+// port of its own (tcp://host:port, MASTER_PORT) under dcomm-run or spawn,
+// which pass down the socket they bound whatever the init method.
+inline bool bound_to_port(int fd, std::uint16_t port) {
+  sockaddr_storage storage{};
+  socklen_t length = sizeof storage;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return false;
+  if (storage.ss_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port) == port;
+  if (storage.ss_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port) == port;
+  return false;
 }
 
 inline std::string rdzv_key(int rank, std::string_view what) {
@@ -318,6 +337,15 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
                                              .key = "DCOMM_MASTER_LISTEN_FD",
                                              .seen = "'" + *fd + "'",
                                              .detail = "must be a file descriptor number"});
+      }
+      // Adopted only where it is bound to the port rank 0 is asked to
+      // listen on. Another one is left open, not closed: for a later
+      // rendezvous of this process the number may name another file.
+      if (!bound_to_port(listen_fd, spec.port)) {
+        log(log_level::info, "rendezvous: DCOMM_MASTER_LISTEN_FD=" + *fd +
+                                 " is not a socket bound to port " + std::to_string(spec.port) +
+                                 " (" + spec.address() + "): rank 0 listens there itself");
+        listen_fd = -1;
       }
     }
     try {

@@ -218,6 +218,46 @@ TEST_SUITE("flight recorder") {
         o);
   }
 
+  // Issue 41: dcomm-run asks every rank still running for its dump
+  // (SIGUSR1), one that failed and dumped already too: the failure's dump,
+  // whose reason located the culprit, stays.
+  TEST_CASE("SIGUSR1 after a failure's dump: the failure's stays, SIGUSR1's goes beside it") {
+    DCOMM_TEST_DEADLINE(60s);
+    trace_dir dir;
+    const auto failure = dir.path / "dcomm-trace-rank0.json";
+    const auto later = dir.path / "dcomm-trace-rank0-later.json";
+    dcomm::thread_world_options<dcomm::cpu_backend> o{.timeout = 20s, .deadline = 50s};
+    dcomm::run_thread_world<dcomm::cpu_backend>(
+        2,
+        [&](comm& c) -> asio::awaitable<void> {
+          std::vector<float> v{1.0f};
+          co_await c.all_reduce(v, dcomm::sum);
+          if (c.rank() == 1) {  // makes no second call; stays until rank 0 is done
+            asio::steady_timer pause(co_await asio::this_coro::executor, 1500ms);
+            co_await pause.async_wait(asio::use_awaitable);
+            co_return;
+          }
+          auto [code, what] = co_await dcomm::test::failure_of(
+              [&] { return c.with({.timeout = 500ms}).all_reduce(v, dcomm::sum); });
+          require(code == dcomm::errc::timeout, "no timeout: " + what);
+          require(std::filesystem::exists(failure), "no dump of the failure");
+          ::raise(SIGUSR1);
+          const auto until = std::chrono::steady_clock::now() + 5s;
+          while (!std::filesystem::exists(later)) {
+            require(std::chrono::steady_clock::now() < until,
+                    "no dump beside the failure's after SIGUSR1; the failure's says: " +
+                        read_file(failure));
+            asio::steady_timer pause(co_await asio::this_coro::executor, 10ms);
+            co_await pause.async_wait(asio::use_awaitable);
+          }
+        },
+        o);
+    CHECK(json_holds(failure, "'timed out' in d['reason'] and 'peers rank 1' in d['reason']"));
+    CHECK(json_holds(later,
+                     "d['reason']=='SIGUSR1' and [(o['op'],o['seq'],o['state']) for o in "
+                     "d['ops'][:2]]==[('all_reduce',0,'done'),('all_reduce',1,'failed')]"));
+  }
+
   TEST_CASE("DCOMM_TRACE: each rank's calls as Chrome trace events, one per call, in order") {
     DCOMM_TEST_DEADLINE(60s);
     temporary_dir dir;

@@ -34,6 +34,7 @@
 #include "dcomm/rendezvous.hpp"
 #include "dcomm/trace/error_file.hpp"
 #include "support/deadline.hpp"
+#include "support/listening_socket.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_launcher.hpp"
 
@@ -138,10 +139,35 @@ int as_agent_store_rank() {
   }
 }
 
+// The rank program of the tcp:// tests (`launcher_tests --as-url-rank URL`
+// under dcomm-run): the ranks meet through URL's store, agree on a sum and
+// say where the store is.
+int as_url_rank(const std::string& url) {
+  try {
+    auto world = dcomm::rendezvous({.init_method = url, .timeout = 5s});
+    auto& s = *world.store;
+    s.add("sum", world.rank + 1, dcomm::blocking);
+    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+    std::vector<std::string> all;
+    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+    s.wait(all, dcomm::blocking);
+    std::printf("sum=%s store=%s\n", s.get("sum", dcomm::blocking).c_str(), s.address().c_str());
+    std::fflush(stdout);
+    dcomm::depart(world, dcomm::blocking);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    return 1;
+  }
+}
+
 // The rank program of the analyzer's tests (`launcher_tests --as-trace-rank
 // SCENARIO` under dcomm-run --trace-dir; world 3, 3 s deadlines). Every
 // rank makes barrier #0 and all_reduce #1; then, for call #2:
 //   sleeper:  rank 1 sleeps instead (until dcomm-run stops it)
+//   lingering: as sleeper, but rank 2 stays after its call failed (still
+//             running when dcomm-run asks for the dumps); rank 0 exits 1 s
+//             after its own failure
 //   mismatch: rank 1 calls broadcast (root 0) where the others all_reduce
 //   killed:   rank 2 kills itself (SIGKILL)
 //   clean:    every rank calls all_reduce (the job succeeds)
@@ -158,8 +184,17 @@ int as_trace_rank(const std::string& scenario) {
     std::printf("ready\n");
     std::fflush(stdout);
     const int rank = comm.rank();
-    if (scenario == "sleeper" && rank == 1) {
+    if ((scenario == "sleeper" || scenario == "lingering") && rank == 1) {
       std::this_thread::sleep_for(60s);
+    } else if (scenario == "lingering") {
+      try {
+        comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank failed: %s\n", e.what());
+        // Rank 2 has failed (and dumped) too when rank 0's exit stops the job.
+        std::this_thread::sleep_for(rank == 2 ? 60s : 1s);
+        return 1;
+      }
     } else if (scenario == "killed" && rank == 2) {
       ::raise(SIGKILL);
     } else if (scenario == "mismatch" && rank == 1) {
@@ -284,6 +319,24 @@ TEST_SUITE("launcher") {
     CHECK(r.status == 0);
     CHECK(has(r.out, "[0] has-fd"));
     CHECK(has(r.out, "[1] no-fd"));
+  }
+
+  // Issue 41: rank 0 adopts dcomm-run's socket only for the port it is
+  // asked to listen on; a job that names its own port meets there.
+  TEST_CASE("a job that names another port (tcp://, MASTER_PORT) meets there, not at dcomm-run's") {
+    DCOMM_TEST_DEADLINE(60s);
+    const std::string port = std::to_string(dcomm::test::free_port());
+    const std::string rank_program = "exec '" + self_path() + "' --as-url-rank ";
+    for (const std::string& command :
+         {rank_program + "\"tcp://127.0.0.1:" + port + "?rank=$RANK&world_size=2\"",
+          "MASTER_PORT=" + port + " " + rank_program + "env://"}) {
+      CAPTURE(command);
+      auto r = run({"-n", "2", "/bin/sh", "-c", command});
+      INFO(r.out, r.err);
+      CHECK(r.status == 0);
+      for (const char* rank : {"[0] ", "[1] "})
+        CHECK(has(r.out, std::string(rank) + "sum=3 store=tcp://127.0.0.1:" + port + "\n"));
+    }
   }
 
   TEST_CASE("multi-node ranks: RANK = node rank x nproc + local rank") {
@@ -519,6 +572,37 @@ TEST_SUITE("trace analyzer") {
     }));
   }
 
+  // Issue 41: dcomm-run's SIGUSR1 reaches a rank that failed and dumped
+  // already (rank 2 stays after its call failed): its failure's dump, the
+  // message that located the culprit, is kept beside the later one.
+  TEST_CASE("a rank that failed and dumped before SIGUSR1 keeps its failure's dump") {
+    DCOMM_TEST_DEADLINE(90s);
+    auto t = run_traced("lingering");
+    INFO("dcomm-run's stderr:\n", t.job.err, "\ndcomm-trace:\n", t.analyzer.out, t.analyzer.err);
+    CHECK(t.job.status == 1);
+    CHECK(t.analyzer.status == 0);
+    for (const std::string& report : {t.job.err, t.analyzer.out}) {
+      const auto lines = lines_of(report);
+      auto line_of = [&](const std::string& start, const std::string& end) {
+        return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+          const auto at = l.find(start);
+          return at != std::string::npos && l.find(end, at) != std::string::npos;
+        });
+      };
+      // The failure's message, naming rank 1 and where it was; then SIGUSR1's.
+      CHECK(line_of("rank 2 (pid ",
+                    ") dumped on: dcomm: timed out in all_reduce (rank 2), peers "
+                    "rank 1"));
+      CHECK(line_of("rank 2 (pid ",
+                    "rank 1 had not entered this call: its last call in this "
+                    "group was #1 (this is #2)"));
+      CHECK(line_of("rank 2 (pid ", ") dumped again on: SIGUSR1"));
+      CHECK(line_of("rank 0 (pid ", ") dumped on: dcomm: timed out in all_reduce (rank 0)"));
+      CHECK(line_of("rank 1 (pid ", ") dumped on: SIGUSR1"));
+      CHECK(has(report, "rank 1 holds up the world group: it has not entered all_reduce #2"));
+    }
+  }
+
   TEST_CASE("ranks that make different calls: both calls side by side") {
     DCOMM_TEST_DEADLINE(90s);
     auto t = run_traced("mismatch");
@@ -697,6 +781,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-agent-store-rank") return as_agent_store_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-late-culprit") return as_late_culprit();
+  if (argc == 3 && std::string(argv[1]) == "--as-url-rank") return as_url_rank(argv[2]);
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

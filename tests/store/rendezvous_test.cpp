@@ -3,6 +3,7 @@
 #include "dcomm/rendezvous.hpp"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -118,6 +119,40 @@ TEST_CASE("tcp:// with rank and world size in code or in the query string") {
     return check_world(world, rank, n);
   });
   require_all_ok(results);
+}
+
+// Issue 41: an inherited listening socket (DCOMM_MASTER_LISTEN_FD, from
+// dcomm-run or spawn) is adopted only where it listens on the port rank 0
+// is asked for; a job that names another port meets there.
+TEST_CASE("DCOMM_MASTER_LISTEN_FD on another port: rank 0 listens where it is asked to") {
+  DCOMM_TEST_DEADLINE(60s);
+  constexpr int n = 2;
+  listening_socket launchers;  // a launcher's socket, on a port the job does not name
+  const std::string port = std::to_string(dcomm::test::free_port());
+  for (bool env : {false, true}) {
+    CAPTURE(env);
+    auto results = dcomm::test::fork_world(n, 40s, [&](int rank) {
+      const std::string init_method =
+          env ? std::string("env://")
+              : "tcp://127.0.0.1:" + port + "?rank=" + std::to_string(rank) + "&world_size=2";
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      if (rank == 0) ::setenv("DCOMM_MASTER_LISTEN_FD", std::to_string(launchers.fd()).c_str(), 1);
+      try {
+        auto world = dcomm::rendezvous({.init_method = init_method, .timeout = 5s});
+        if (!contains(world.store->address(), ":" + port)) return 20;
+        // Not adopted, and not closed: the launcher's socket is not rank 0's to close.
+        if (rank == 0 && ::fcntl(launchers.fd(), F_GETFD) == -1) return 21;
+        return check_world(world, rank, n);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return 22;
+      }
+    });
+    require_all_ok(results);
+  }
 }
 
 TEST_CASE("tcp:// over IPv6") {

@@ -323,8 +323,8 @@ TEST_SUITE("tcp failures") {
     // entered the call), or as the first rank to time out reports.
     CHECK(contains(errors[0], "timed out in all_reduce"));
     CHECK(contains(errors[0], "call #0"));
-    CHECK(contains(errors[0], "peers rank 2:"));
-    CHECK(contains(errors[1], "peers rank 2:"));
+    CHECK(contains(errors[0], "peers rank 2, at "));
+    CHECK(contains(errors[1], "peers rank 2, at "));
     CHECK((contains(errors[0], "rank 2 had not entered this call") ||
            contains(errors[1], "rank 2 had not entered this call")));
     CHECK(errors[2].empty());
@@ -369,6 +369,42 @@ TEST_SUITE("tcp failures") {
     CHECK(contains(errors[first],
                    "rank 3 had not entered this call: its last call in this group was #0 "
                    "(this is #2), and it has made none since"));
+  }
+
+  // Issue 41: a rank failed by another's fail frame gives the whole cause
+  // (where the absent rank is), not only whom to blame.
+  TEST_CASE("a timeout found by one rank: every survivor's error gives its finding") {
+    DCOMM_TEST_DEADLINE(60s);
+    auto errors = dcomm::test::comm_world(3, [](comm& c, int r) -> asio::awaitable<void> {
+      std::vector<int> v{1};
+      for (int call = 0; call < 3; ++call) co_await c.all_reduce(v, dcomm::sum);  // #0-#2
+      if (r == 1) {  // makes no call after #2
+        asio::steady_timer wait(co_await asio::this_coro::executor, 4s);
+        co_await wait.async_wait(asio::use_awaitable);
+        co_return;
+      }
+      // #3: rank 0 reaches its deadline and probes; rank 2, whose deadline
+      // is far off, fails on rank 0's fail frame.
+      const dcomm::op_options deadline{.timeout = r == 0 ? 1s : 30s};
+      auto [code, what] =
+          co_await failure_of([&] { return c.all_reduce(v, dcomm::sum, deadline); });
+      require(code == dcomm::errc::timeout, "no timeout: " + what);
+      throw std::runtime_error(what);
+    });
+    INFO(dcomm::test::summary(errors));
+    const std::string finding =
+        "rank 1 had not entered this call: its last call in this group was #2 (this is #3), and "
+        "it has made none since";
+    for (int r : {0, 2}) {
+      CAPTURE(r);
+      CHECK(contains(errors[r], "timed out in all_reduce (rank " + std::to_string(r) + ")"));
+      CHECK(contains(errors[r], "peers rank 1, at "));  // the culprit, and where it is
+      CHECK(contains(errors[r], "call #3 on the world group: "));
+      CHECK(contains(errors[r], finding));
+    }
+    CHECK(contains(errors[0], "the deadline passed: " + finding));
+    CHECK(contains(errors[2], "rank 0 reached its deadline in this call: " + finding));
+    CHECK(errors[1].empty());
   }
 
   TEST_CASE("abort fails pending operations at once") {

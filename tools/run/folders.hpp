@@ -15,7 +15,8 @@
 namespace dcomm_run {
 
 // --trace-dir: made if missing, this node's ranks' old dumps removed (so
-// the verdict reads this job's), and named to the ranks.
+// the verdict reads this job's; a rank's later dump too: see
+// trace/flight_recorder.hpp), and named to the ranks.
 bool prepare_trace_dir(const options& o) {
   if (o.trace_dir.empty()) return true;
   if (::mkdir(o.trace_dir.c_str(), 0777) != 0 && errno != EEXIST) {
@@ -24,9 +25,10 @@ bool prepare_trace_dir(const options& o) {
     return false;
   }
   for (int local = 0; local < o.nproc; ++local)
-    std::remove((o.trace_dir + "/dcomm-trace-rank" + std::to_string(o.node_rank * o.nproc + local) +
-                 ".json")
-                    .c_str());
+    for (const char* end : {".json", "-later.json"})
+      std::remove(
+          (o.trace_dir + "/dcomm-trace-rank" + std::to_string(o.node_rank * o.nproc + local) + end)
+              .c_str());
   ::setenv("DCOMM_TRACE_DIR", o.trace_dir.c_str(), 1);
   return true;
 }

@@ -111,7 +111,8 @@ inline rank_dump read_dump(const std::string& path) {
   }
 }
 
-// The dumps a directory holds: its dcomm-trace-rank<r>.json files.
+// The dumps a directory holds: its dcomm-trace-rank<r>.json files (and
+// dcomm-trace-rank<r>-later.json, a rank's dump after its failure's).
 inline std::vector<std::string> dumps_in(const std::string& dir) {
   std::vector<std::string> paths;
   if (DIR* d = ::opendir(dir.c_str())) {

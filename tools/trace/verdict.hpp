@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dump_reader.hpp"
@@ -65,10 +66,17 @@ inline std::string state_text(const op_entry& o) {
 class analysis {
  public:
   explicit analysis(std::vector<rank_dump> dumps) : dumps_(std::move(dumps)) {
-    // A rank dumped twice (two paths given for one rank): the later dump counts.
+    // A rank dumped twice (its failure's dump, then SIGUSR1's beside it;
+    // or two paths given for one rank): the later dump says where it
+    // stood, and the report gives each one's reason (the first failure's
+    // message located the culprit).
     std::stable_sort(dumps_.begin(), dumps_.end(), [](const rank_dump& a, const rank_dump& b) {
       return a.rank != b.rank ? a.rank < b.rank : a.dumped_ns > b.dumped_ns;
     });
+    for (std::size_t i = 1; i < dumps_.size(); ++i)
+      if (dumps_[i].rank == dumps_[i - 1].rank)
+        earlier_[dumps_[i].rank].insert(earlier_[dumps_[i].rank].begin(),
+                                        {dumps_[i].pid, dumps_[i].reason});
     dumps_.erase(
         std::unique(dumps_.begin(), dumps_.end(),
                     [](const rank_dump& a, const rank_dump& b) { return a.rank == b.rank; }),
@@ -101,9 +109,16 @@ class analysis {
     reported_gone_.clear();
     std::string out = "dcomm-trace: " + std::to_string(dumps_.size()) +
                       " dump(s) from a world of " + std::to_string(world_) + "\n";
-    for (const auto& d : dumps_)
-      out += "  rank " + std::to_string(d.rank) + " (pid " + std::to_string(d.pid) +
-             ") dumped on: " + d.reason + "\n";
+    for (const auto& d : dumps_) {
+      const std::string rank = "  rank " + std::to_string(d.rank) + " (pid ";
+      auto earlier = earlier_.find(d.rank);
+      if (earlier != earlier_.end())
+        for (const auto& [pid, reason] : earlier->second)
+          out += rank + std::to_string(pid) + ") dumped on: " + reason + "\n";
+      out += rank + std::to_string(d.pid) +
+             (earlier != earlier_.end() ? ") dumped again on: " : ") dumped on: ") + d.reason +
+             "\n";
+    }
     for (int r = 0; r < world_; ++r)
       if (!by_rank_.count(r)) out += "  rank " + std::to_string(r) + ": no dump\n";
     for (const auto& [id, g] : groups_) out += group_section(g);
@@ -288,6 +303,8 @@ class analysis {
   }
 
   std::vector<rank_dump> dumps_;
+  // A rank's dumps before the one kept, oldest first: (pid, reason).
+  std::map<int, std::vector<std::pair<long, std::string>>> earlier_;
   int world_ = 0;
   std::map<int, const rank_dump*> by_rank_;
   std::map<std::uint64_t, group_entry> groups_;

@@ -155,10 +155,8 @@ void record_failure(comm_runtime<Backend>& rt, std::uint64_t trace_id, const cal
   if (c != errc::timeout && c != errc::peer_lost && c != errc::mismatch && c != errc::aborted)
     return;
   trace::note_first_failure(reason);  // TORCHELASTIC_ERROR_FILE
-  const std::string path = trace::failure_dump_path(rt.backend->rank());
-  if (path.empty()) return;
   try {
-    rt.recorder->dump(path, rt.backend->rank(), rt.backend->world_size(), reason);
+    rt.recorder->dump_to_trace_dir(rt.backend->rank(), rt.backend->world_size(), reason, true);
   } catch (const std::exception&) {
     // The call's own failure is what the caller hears of.
   }

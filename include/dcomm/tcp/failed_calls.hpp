@@ -20,9 +20,10 @@ struct failed_call {
   errc code = errc::aborted;
   std::string peers{};
   std::string detail{};
-  int origin = -1;   // the rank that found it
-  int lost = -1;     // peer_lost: the rank lost
-  int culprit = -1;  // timeout: the rank stuck; mismatch: the other side
+  int origin = -1;        // the rank that found it
+  int lost = -1;          // peer_lost: the rank lost
+  int culprit = -1;       // timeout: the rank stuck; mismatch: the other side
+  std::string finding{};  // the origin's words on the cause (op_state::finding)
   // A mismatch: the calls of the two ranks that disagree (the one that
   // found it, and the other), sent on with the fail frames (from here:
   // a map's values do not move).

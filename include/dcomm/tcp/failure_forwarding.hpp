@@ -36,6 +36,7 @@ inline std::exception_ptr transport::lost_error(op_state& op, int peer) {
              " (the first cause)";
   }
   if (op.lost_rank < 0) op.lost_rank = culprit;
+  if (!op.failure && op.finding.empty()) op.finding = detail;
   note_cause(fail_reason::peer_lost, culprit);
   return make_error(errc::peer_lost, op, "rank " + std::to_string(culprit), detail,
                     links_[static_cast<std::size_t>(culprit)]->address);
@@ -69,8 +70,11 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
       blamed.insert(blamed.end(), absent.begin(), absent.end());
       op.culprit = blamed.front();
       std::sort(blamed.begin(), blamed.end());
-      std::string detail = "the deadline passed";
-      const char* separator = ": ";
+      // The finding (what follows "the deadline passed: ") goes on to the
+      // group in the fail frames.
+      std::string& detail = op.finding;
+      detail.clear();
+      const char* separator = "";
       auto clause = [&](const std::vector<int>& ranks, const char* what) {
         if (ranks.empty()) return;
         detail += separator + rank_list(ranks) + what;
@@ -101,7 +105,8 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
       return make_error(errc::timeout, op,
                         blamed.size() == 1 ? "rank " + std::to_string(blamed.front())
                                            : "ranks " + detail::format_ranks(blamed),
-                        detail);
+                        "the deadline passed: " + detail,
+                        blamed.size() == 1 ? peer_address(blamed.front()) : std::string());
     }
   }
   std::vector<int> waiting;
@@ -110,6 +115,7 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
   std::sort(waiting.begin(), waiting.end());
   waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
   if (waiting.size() == 1) op.culprit = waiting.front();
+  if (!waiting.empty()) op.finding = "it had not heard from " + rank_list(waiting);
   note_cause(fail_reason::timeout, op.culprit);
   return make_error(errc::timeout, op,
                     waiting.empty() ? "" : "ranks " + detail::format_ranks(waiting),
@@ -282,19 +288,25 @@ inline void transport::notify_group(op_state& op) {
       (reason == fail_reason::peer_lost ? op.lost_rank : op.culprit) + 1);
   f.step = static_cast<std::uint32_t>((op.origin >= 0 ? op.origin : rank_) + 1);
   // A mismatch: the other call goes along (found here or reported), so
-  // that every rank can name both calls.
-  const void* payload = nullptr;
-  if (reason == fail_reason::mismatch) {
-    const failed_call* found = failed_calls_.find(call_id{op.group, op.seq});
-    if (found && found->theirs.op != coll_op::p2p) {
-      f.sig = found->ours;
-      payload = &found->theirs;
-      f.bytes = sizeof(call_signature);
-    }
+  // that every rank can name both calls. Then the finding, if any.
+  const failed_call* found =
+      reason == fail_reason::mismatch ? failed_calls_.find(call_id{op.group, op.seq}) : nullptr;
+  const bool other_call = found && found->theirs.op != coll_op::p2p;
+  if (other_call) f.sig = found->ours;
+  const std::size_t said = std::min(op.finding.size(), max_finding_bytes);
+  std::shared_ptr<std::string> payload;
+  if (other_call || said) {
+    payload = std::make_shared<std::string>();
+    if (other_call)
+      payload->append(reinterpret_cast<const char*>(&found->theirs), sizeof(call_signature));
+    payload->append(op.finding, 0, said);
+    f.bytes = payload->size();
+    f.extra = static_cast<std::uint32_t>(said);
   }
   for (int p : op.members) {
     if (p == rank_ || peer_lost(p)) continue;
-    links_[static_cast<std::size_t>(p)]->frames.push_back({f, payload, f.bytes, nullptr});
+    links_[static_cast<std::size_t>(p)]->frames.push_back(
+        {f, payload ? payload->data() : nullptr, f.bytes, nullptr, false, payload});
     start_write(p);
   }
 }
@@ -302,9 +314,10 @@ inline void transport::notify_group(op_state& op) {
 // A fail frame: a collective failed on a peer (`theirs`: a mismatch's
 // other call, the culprit's, if sent), or a receive of the peer refused a
 // send from here.
-inline void transport::on_fail_frame(int peer, const wire_header& h, const call_signature* theirs) {
+inline void transport::on_fail_frame(int peer, const wire_header& h, const call_signature* theirs,
+                                     std::string finding) {
   if (!h.collective) return on_refused_send(peer, h);  // the only other fail frame (check_match)
-  failed_call f = reported_failure(peer, h, theirs);
+  failed_call f = reported_failure(peer, h, theirs, std::move(finding));
   for (op_state* op = ops_; op; op = op->next_op)
     if (op->collective && op->group == h.group && op->seq == h.seq && !op->failure)
       fail_reported(*op, f);
@@ -314,9 +327,11 @@ inline void transport::on_fail_frame(int peer, const wire_header& h, const call_
   record_failure(h.group, h.seq, std::move(f));
 }
 
-// How a collective failed, from a peer's fail frame.
+// How a collective failed, from a peer's fail frame (`finding`: what the
+// rank that found it said of the cause; empty: nothing said).
 inline failed_call transport::reported_failure(int peer, const wire_header& h,
-                                               const call_signature* theirs) const {
+                                               const call_signature* theirs,
+                                               std::string finding) const {
   const auto reason = static_cast<fail_reason>(h.cookie);
   // A collective's: cookie2 names the rank to blame (the lost one, the
   // one a timeout found stuck, the other side of a mismatch), step the
@@ -349,24 +364,31 @@ inline failed_call transport::reported_failure(int peer, const wire_header& h,
     case fail_reason::peer_lost:
       f.code = errc::peer_lost;
       f.peers = "rank " + std::to_string(f.lost);
-      f.detail = origin + " lost its connection to rank " + std::to_string(f.lost) +
-                 " during this call" + reported;
+      f.detail = finding.empty() ? origin + " lost its connection to rank " +
+                                       std::to_string(f.lost) + " during this call" + reported
+                                 : origin + " lost rank " + std::to_string(f.lost) +
+                                       " during this call: " + finding + reported;
       break;
     case fail_reason::timeout:
       f.code = errc::timeout;
       if (blamed >= 0) f.peers = "rank " + std::to_string(blamed);
-      f.detail = origin + " reached its deadline in this call" +
-                 (blamed >= 0 && blamed != f.origin
-                      ? ", stuck on rank " + std::to_string(blamed) +
-                            " (it did not answer, or had not entered the call)"
-                      : std::string(" and gave up")) +
-                 reported;
+      if (!finding.empty())
+        f.detail = origin + " reached its deadline in this call: " + finding + reported;
+      else
+        f.detail = origin + " reached its deadline in this call" +
+                   (blamed >= 0 && blamed != f.origin
+                        ? ", stuck on rank " + std::to_string(blamed) +
+                              " (it did not answer, or had not entered the call)"
+                        : std::string(" and gave up")) +
+                   reported;
       break;
     default:
       f.code = errc::aborted;
-      f.detail = origin + " gave up on this call" + reported;
+      f.detail =
+          origin + " gave up on this call" + (finding.empty() ? "" : ": " + finding) + reported;
       break;
   }
+  f.finding = std::move(finding);
   return f;
 }
 
@@ -375,14 +397,18 @@ inline void transport::fail_reported(op_state& op, const failed_call& f) {
   op.origin = f.origin;
   if (f.lost >= 0) op.lost_rank = f.lost;
   op.culprit = f.culprit;
-  std::string peers = f.peers, detail = f.detail;
+  if (!op.failure) op.finding = f.finding;  // passed on (notify_group)
+  std::string peers = f.peers, detail = f.detail, address;
   if (f.code == errc::mismatch && op.collective) {
     // Between two other ranks: blame the side whose call is not ours.
     if (f.theirs.op != coll_op::p2p && f.culprit >= 0 && op.sig == f.ours)
       peers = "rank " + std::to_string(f.culprit);
     detail += "; this rank called " + describe(op.sig);
   }
-  fail_op(op, make_error(f.code, op, std::move(peers), std::move(detail)));
+  // Where the rank to blame is (as this rank's own timeout or loss says).
+  const int blamed = f.code == errc::peer_lost ? f.lost : f.code == errc::timeout ? f.culprit : -1;
+  if (blamed >= 0 && blamed != rank_) address = peer_address(blamed);
+  fail_op(op, make_error(f.code, op, std::move(peers), std::move(detail), std::move(address)));
 }
 
 // A receive of `peer` refused a send from here (sizes or dtypes differ).
@@ -484,10 +510,10 @@ inline void transport::fail_for_refused_send(op_state& op, int peer, const refus
                                 : std::string("another group");
   const std::string send =
       "the send (tag " + std::to_string(static_cast<std::int64_t>(r.tag)) + " on " + group + ")";
-  fail_op(op, make_error(errc::mismatch, op, rank,
-                         "an earlier send to " + rank +
-                             " did not match its receive: " + refused_send_detail(r, peer, send),
-                         peer_address(peer)));
+  std::string detail = "an earlier send to " + rank +
+                       " did not match its receive: " + refused_send_detail(r, peer, send);
+  if (!op.failure) op.finding = detail;
+  fail_op(op, make_error(errc::mismatch, op, rank, std::move(detail), peer_address(peer)));
   for (auto& it : op.items) cancel_item(it, true);
 }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -172,6 +173,11 @@ struct op_state {
   // A timed-out collective: the rank it blames (did not answer the probe,
   // or had not entered the call), passed on in its fail frames.
   int culprit = -1;
+  // What the rank that found the failure said of its cause (a timeout's
+  // probe or shared memory reading, a lost link's reason), here or as a
+  // peer's fail frame reported it: passed on in this op's fail frames, so
+  // that every member's error gives the whole cause. Empty: none to pass.
+  std::string finding;
   bool notified = false;
   // Failed because a receive of a peer refused an earlier send from here
   // (tcp/failure_forwarding.hpp): a collective tells its group it gave up,

@@ -44,6 +44,9 @@ struct outgoing_frame {
   std::size_t bytes = 0;
   io_item* item = nullptr;  // the send whose payload this is (eager, data)
   bool cancelled = false;   // taken back before it was written: skipped
+  // A payload the frame owns (a fail frame's, which outlives the failed
+  // call that made it): `payload` points into it.
+  std::shared_ptr<const std::string> owned{};
 };
 // An eager message or rts that arrived before its receive was posted.
 // Recycled with its payload buffer (at most eager_limit bytes).

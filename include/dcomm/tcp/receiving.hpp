@@ -287,13 +287,19 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_frames(pe
         break;
       }
       case msg_kind::fail: {
-        // A collective's may carry the other call of a mismatch.
+        // A collective's may carry the other call of a mismatch, then the
+        // finding of the rank that found the failure (wire_format.hpp).
         call_signature theirs{};
-        const bool carries = h.collective && h.bytes == sizeof theirs;
         const std::size_t payload = h.collective ? h.bytes : 0;
-        if (!from_stage(l, carries ? &theirs : nullptr, payload))
-          co_await read_payload(l, carries ? reinterpret_cast<char*>(&theirs) : nullptr, payload);
-        on_fail_frame(peer, h, carries ? &theirs : nullptr);
+        const bool readable = payload <= sizeof theirs + max_finding_bytes && h.extra <= payload;
+        const std::size_t said = readable ? h.extra : 0;
+        const bool carries = readable && payload - said == sizeof theirs;
+        std::string finding(said, '\0');
+        if (!from_stage(l, carries ? &theirs : nullptr, payload - said))
+          co_await read_payload(l, carries ? reinterpret_cast<char*>(&theirs) : nullptr,
+                                payload - said);
+        if (!from_stage(l, finding.data(), said)) co_await read_payload(l, finding.data(), said);
+        on_fail_frame(peer, h, carries ? &theirs : nullptr, std::move(finding));
         break;
       }
       default:

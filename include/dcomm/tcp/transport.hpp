@@ -21,10 +21,11 @@
 //          to the host slice by slice) sends one data frame per part, each
 //          with its offset (cookie2), in order
 //   fail   "your call did not match mine", or "this collective failed
-//          here": the peer fails its call too (and passes a collective's
-//          failure on to the rest of the group); for a send whose receive
-//          refused it (sizes differ), the send fails, or if it completed
-//          already, the sender's next operation with the receiver
+//          here" (with what the rank that found it said of the cause): the
+//          peer fails its call too, with that cause, and passes a
+//          collective's failure on to the rest of the group; for a send
+//          whose receive refused it (sizes differ), the send fails, or if it
+//          completed already, the sender's next operation with the receiver
 //   probe  sent by a rank whose collective reached its deadline: "where are
 //          you in this call?"; answered at once by probe_reply (entered it,
 //          done with it, or not yet there). A peer that does not answer is
@@ -479,8 +480,10 @@ class transport : public std::enable_shared_from_this<transport> {
                          const call_signature& ours, const call_signature& theirs);
   void mismatched_call(op_state& op, int peer, const call_signature& theirs);
   void notify_group(op_state& op);
-  void on_fail_frame(int peer, const wire_header& h, const call_signature* theirs);
-  failed_call reported_failure(int peer, const wire_header& h, const call_signature* theirs) const;
+  void on_fail_frame(int peer, const wire_header& h, const call_signature* theirs,
+                     std::string finding);
+  failed_call reported_failure(int peer, const wire_header& h, const call_signature* theirs,
+                               std::string finding) const;
   void fail_reported(op_state& op, const failed_call& f);
   void on_refused_send(int peer, const wire_header& h);
   bool report_refused_send(io_item& it);

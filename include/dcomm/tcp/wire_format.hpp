@@ -4,6 +4,7 @@
 // uses it too: a rank that fails while the mesh forms says goodbye in it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <optional>
@@ -109,6 +110,12 @@ enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, pro
 
 // Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
 // blame, plus one (0: none known).
+//
+// A collective's fail frame may carry a payload of `bytes`: a mismatch's
+// other call (a call_signature), then the finding of the rank that found
+// the failure, in words (its last `extra` bytes: what a timeout's probe or
+// shared memory said of the culprit, why a link was lost), so that every
+// member's error gives the whole cause, not only whom to blame.
 enum class fail_reason : std::uint64_t { none = 0, mismatch, peer_lost, timeout, other };
 
 inline const char* describe(fail_reason r) {
@@ -126,6 +133,11 @@ inline const char* describe(fail_reason r) {
   }
   return "no failure";
 }
+
+// A finding longer than this is cut short in a fail frame (a probe's
+// finding names every member that did not answer: bounded by the world's
+// size, it is kept whole below a few hundred ranks).
+inline constexpr std::size_t max_finding_bytes = 16 * 1024;
 
 // Where a rank is in a collective, as a probe_reply says (its cookie).
 enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
@@ -157,7 +169,8 @@ struct wire_header {
   std::uint32_t step = 0;
   // rts over shared memory: the sender's count of withdrawn offers
   // (shm/single_copy.hpp); cts: 1 when the receiver read the payload itself;
-  // fail for a send a receive refused: the send's dtype.
+  // fail for a send a receive refused: the send's dtype; a collective's fail:
+  // the length of the finding its payload ends with.
   std::uint32_t extra = 0;
   std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
   std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id

@@ -114,6 +114,22 @@ inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t) {
 // when it ended; its start reuses the time its deadline was taken from).
 using detail::coarse_steady_ns;
 
+// Where a failure's dump goes: DCOMM_TRACE_DIR/dcomm-trace-rank<r>.json,
+// or nowhere when the variable is unset.
+inline std::string failure_dump_path(int rank) {
+  const char* dir = std::getenv("DCOMM_TRACE_DIR");
+  if (!dir || !*dir) return {};
+  return std::string(dir) + "/dcomm-trace-rank" + std::to_string(rank) + ".json";
+}
+
+// Where a dump made after a failure's goes (flight_recorder::dump_to_trace_dir):
+// DCOMM_TRACE_DIR/dcomm-trace-rank<r>-later.json, or nowhere.
+inline std::string later_dump_path(int rank) {
+  const char* dir = std::getenv("DCOMM_TRACE_DIR");
+  if (!dir || !*dir) return {};
+  return std::string(dir) + "/dcomm-trace-rank" + std::to_string(rank) + "-later.json";
+}
+
 class flight_recorder {
  public:
   static constexpr std::size_t default_capacity = 1024;
@@ -252,6 +268,22 @@ class flight_recorder {
     return j.str();
   }
 
+  // A dump the process makes on its own, to DCOMM_TRACE_DIR (none where it
+  // is unset): a failed call's (`failure`), or SIGUSR1's. The first
+  // failure's goes to failure_dump_path and stays there: its reason is the
+  // message that located the culprit. A dump after it (SIGUSR1 from
+  // dcomm-run to a rank that failed and still runs, another failure) goes
+  // to later_dump_path; dcomm-trace reads both. Before any failure,
+  // SIGUSR1's goes to failure_dump_path. Throws as dump() does.
+  void dump_to_trace_dir(int rank, int world_size, std::string_view reason, bool failure) {
+    const std::string first = failure_dump_path(rank);
+    if (first.empty()) return;
+    std::lock_guard lock(dump_mutex_);  // a failure's and a signal's at once: in turn
+    const bool after_failure = failure_dumped_;
+    if (failure) failure_dumped_ = true;
+    dump(after_failure ? later_dump_path(rank) : first, rank, world_size, reason);
+  }
+
   // Writes the dump to `path` (replaced whole: written beside it, then
   // renamed). Throws dcomm::error(system_error) naming the path.
   void dump(const std::string& path, int rank, int world_size, std::string_view reason) const {
@@ -362,14 +394,8 @@ class flight_recorder {
   };
   mutable std::mutex names_mutex_;
   std::map<std::uint64_t, group_entry> names_;
+  std::mutex dump_mutex_;        // dump_to_trace_dir's
+  bool failure_dumped_ = false;  // by dump_to_trace_dir
 };
-
-// Where a failure's dump goes: DCOMM_TRACE_DIR/dcomm-trace-rank<r>.json,
-// or nowhere when the variable is unset.
-inline std::string failure_dump_path(int rank) {
-  const char* dir = std::getenv("DCOMM_TRACE_DIR");
-  if (!dir || !*dir) return {};
-  return std::string(dir) + "/dcomm-trace-rank" + std::to_string(rank) + ".json";
-}
 
 }  // namespace dcomm::trace
