@@ -331,6 +331,13 @@ inline constexpr detail::clock::duration blocking_grace = std::chrono::seconds(3
 // started stay alive on the context for the next call.
 template <typename T>
 T sync_wait(asio::io_context& context, asio::awaitable<T> op) {
+  // A timer gives the context its reactor (if it has none yet), so that
+  // this thread waits in epoll_wait, which a post from another thread
+  // interrupts under the scheduler's lock. Without one it would wait on a
+  // condition variable, which Asio signals after unlocking: the posting
+  // thread could still be inside pthread_cond_signal when this one, woken,
+  // returns and lets the context be destroyed.
+  { asio::steady_timer reactor(context); }
   auto result = detail::spawn_with_future<T>(context.get_executor(), std::move(op));
   context.restart();
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
