@@ -26,7 +26,10 @@
 // straight to MPI on the backend's communicator, links "raw": blocking,
 // "MPI_Allreduce", and for collectives non-blocking + MPI_Wait too,
 // "MPI_Iallreduce", the calls the backend makes: what the awaitable wrapper
-// adds).
+// adds), --blocking (the calls in their plain blocking form, dcomm::blocking, from
+// the main thread, on a communicator of the blocking init_process_group, whose backend
+// runs on an io thread of its own: what an MPI user writes first; compare its rows
+// with a run without it).
 //
 // Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
 // before each timed call the ranks meet in a barrier; the row's time is
@@ -99,6 +102,7 @@ struct settings {
               slot_bytes = 0;  // 0: the backend's defaults
   bool cuda = false;           // tensors in GPU memory
   bool mpi = false;            // --backend mpi
+  bool blocking = false;       // dcomm::blocking calls from the main thread
 };
 
 using dcomm::bench::parse_bytes;
@@ -183,6 +187,8 @@ settings parse(int argc, char** argv) {
       s.in_place = true;
     } else if (a == "--no-confirm") {
       s.confirm = false;
+    } else if (a == "--blocking") {
+      s.blocking = true;
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
@@ -191,7 +197,7 @@ settings parse(int argc, char** argv) {
           "                 [--slot-bytes B]\n"
           "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
           "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n"
-          "                 [--in-place]\n"
+          "                 [--in-place] [--blocking]\n"
           "                 [--backend cpu|mpi]\n");
       std::exit(0);
     } else {
@@ -324,38 +330,47 @@ class runner {
     return op_kind::sendrecv;
   }
 
-  // One call of `op` on prepared buffers. Not a coroutine itself: it
-  // returns the operation's awaitable, so that the allocs column counts the
-  // operation and not a frame of the bench's own (Asio keeps two per thread).
-  asio::awaitable<void> call(op_kind op, buffer& in, buffer& out) {
+  // One call of `op` on prepared buffers, with `token`: the operation's
+  // awaitable (the default token), or nothing once it has completed
+  // (dcomm::blocking). Not a coroutine itself: it returns the operation's
+  // awaitable, so that the allocs column counts the operation and not a
+  // frame of the bench's own (Asio keeps two per thread).
+  template <class Token = dcomm::default_token_t>
+  auto call(op_kind op, buffer& in, buffer& out, Token token = {}) {
     dcomm::op_options o{.algorithm = s_.algo};
     int rank = comm_.rank();
     switch (op) {
       case op_kind::all_reduce:
         if (s_.in_place)
-          return with_redop([&](auto r) { return comm_.all_reduce(out.view(), r, o); });
-        return with_redop([&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o); });
+          return with_redop([&](auto r) { return comm_.all_reduce(out.view(), r, o, token); });
+        return with_redop(
+            [&](auto r) { return comm_.all_reduce(in.view(), out.view(), r, o, token); });
       case op_kind::broadcast:
-        return comm_.broadcast(out.view(), 0, o);
+        return comm_.broadcast(out.view(), 0, o, token);
       case op_kind::reduce:
-        return with_redop([&](auto r) { return comm_.reduce(in.view(), out.view(), 0, r, o); });
+        return with_redop(
+            [&](auto r) { return comm_.reduce(in.view(), out.view(), 0, r, o, token); });
       case op_kind::all_gather:
-        return comm_.all_gather(in.view(), out.view(), o);
+        return comm_.all_gather(in.view(), out.view(), o, token);
       case op_kind::reduce_scatter:
         return with_redop(
-            [&](auto r) { return comm_.reduce_scatter(in.view(), out.view(), r, o); });
+            [&](auto r) { return comm_.reduce_scatter(in.view(), out.view(), r, o, token); });
       case op_kind::all_to_all:
-        return comm_.all_to_all(in.view(), out.view(), o);
+        return comm_.all_to_all(in.view(), out.view(), o, token);
       case op_kind::gather:
-        return comm_.gather(in.view(), rank == 0 ? out.view() : out.block(0, 0), 0, o);
+        return comm_.gather(in.view(), rank == 0 ? out.view() : out.block(0, 0), 0, o, token);
       case op_kind::scatter:
-        return comm_.scatter(rank == 0 ? in.view() : in.block(0, 0), out.view(), 0, o);
+        return comm_.scatter(rank == 0 ? in.view() : in.block(0, 0), out.view(), 0, o, token);
       case op_kind::barrier:
-        return comm_.barrier(o);
+        return comm_.barrier(o, token);
       case op_kind::sendrecv:
         break;
     }
-    return sendrecv(in, out, o);  // two operations: a frame of its own
+    // Two operations: a frame of its own, or two blocking calls.
+    if constexpr (std::is_same_v<Token, dcomm::blocking_t>)
+      sendrecv_blocking(in, out, o);
+    else
+      return sendrecv(in, out, o);
   }
 
   asio::awaitable<void> sendrecv(buffer& in, buffer& out, dcomm::op_options o) {
@@ -365,6 +380,15 @@ class runner {
     } else if (comm_.rank() == 1) {
       co_await comm_.recv(out.view(), 0, 0, o);
       co_await comm_.send(out.view(), 0, 0, o);
+    }
+  }
+  void sendrecv_blocking(buffer& in, buffer& out, dcomm::op_options o) {
+    if (comm_.rank() == 0) {
+      comm_.send(in.view(), 1, 0, o, dcomm::blocking);
+      comm_.recv(out.view(), 1, 0, o, dcomm::blocking);
+    } else if (comm_.rank() == 1) {
+      comm_.recv(out.view(), 0, 0, o, dcomm::blocking);
+      comm_.send(out.view(), 0, 0, o, dcomm::blocking);
     }
   }
 
@@ -423,7 +447,12 @@ class runner {
       errors = e[0];
     }
     prepare();
-    for (int i = 0; i < s_.warmup; ++i) co_await call(kind, in, out);
+    for (int i = 0; i < s_.warmup; ++i) {
+      if (s_.blocking)
+        call(kind, in, out, dcomm::blocking);
+      else
+        co_await call(kind, in, out);
+    }
     int iters =
         s_.iters > 0
             ? s_.iters
@@ -432,11 +461,17 @@ class runner {
     us.reserve(static_cast<std::size_t>(iters));
     std::uint64_t allocations = 0, new_calls = 0;
     for (int i = 0; i < iters; ++i) {
-      co_await comm_.barrier();
+      if (s_.blocking)
+        comm_.barrier(dcomm::blocking);
+      else
+        co_await comm_.barrier();
       auto a0 = dcomm::test::heap_allocations_in_process();
       auto n0 = dcomm::test::new_calls_in_process();
       auto t0 = clock_type::now();
-      co_await call(kind, in, out);
+      if (s_.blocking)
+        call(kind, in, out, dcomm::blocking);
+      else
+        co_await call(kind, in, out);
       us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
       allocations += dcomm::test::heap_allocations_in_process() - a0;
       new_calls += dcomm::test::new_calls_in_process() - n0;
@@ -549,6 +584,10 @@ class runner {
                   std::string(dcomm::name(s_.algo)).c_str(),
                   s_.cuda ? ", tensors in GPU memory (staged through page-locked host memory)" : "",
                   s_.in_place ? ", all_reduce in place" : "");
+      std::printf("# calls: %s\n",
+                  s_.blocking ? "dcomm::blocking, from the main thread (the backend on its own "
+                                "io thread)"
+                              : "co_await, on the backend's thread");
       std::printf("# time: rank 0's median (us) over barrier-separated calls%s\n",
                   std::find(s_.ops.begin(), s_.ops.end(), "sendrecv") != s_.ops.end()
                       ? "; sendrecv: half a round trip"
@@ -578,7 +617,7 @@ class runner {
 
  private:
   template <class F>
-  asio::awaitable<void> with_redop(F f) {
+  auto with_redop(F f) {
     if (redop_ == 'i') return f(dcomm::min);
     if (redop_ == 'a') return f(dcomm::max);
     return f(dcomm::sum);
@@ -590,11 +629,23 @@ class runner {
   char redop_ = s_.redop == "min" ? 'i' : s_.redop == "max" ? 'a' : 's';  // with_redop's
 };
 
+// --blocking: the backend on its own io thread (the blocking
+// init_process_group), the rows' calls made from this thread's coroutine,
+// which runs on a context of its own.
+template <class Backend>
+int run_blocking(const settings& s, dcomm::init_options<Backend> o) {
+  auto comm = dcomm::init_process_group<Backend>(std::move(o));
+  runner<Backend> r(comm, s);
+  dcomm::sync_wait(r.run());
+  return 0;
+}
+
 #if DCOMM_HAS_MPI
 int run_mpi(const settings& s) {
   asio::io_context context{1};  // run by this thread alone: the backend needs no strand
   // A named variable: g++ 12 destroys a temporary in a co_await twice.
   dcomm::init_options<dcomm::mpi_backend> o{.timeout = 120s};
+  if (s.blocking) return run_blocking(s, o);
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::mpi_backend>(context.get_executor(), o);
     runner<dcomm::mpi_backend> r(comm, s);
@@ -622,6 +673,7 @@ int run_rank(const settings& s) {
     const int r = rank ? std::atoi(rank) : 0, n = world ? std::max(1, std::atoi(world)) : 1;
     o.backend.host_id = "bench-host-" + std::to_string(r * s.hosts / n);
   }
+  if (s.blocking) return run_blocking(s, o);
   dcomm::sync_wait(context, [&]() -> asio::awaitable<void> {
     auto comm = co_await dcomm::init_process_group<dcomm::cpu_backend>(context.get_executor(), o);
     runner<dcomm::cpu_backend> r(comm, s);

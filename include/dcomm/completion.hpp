@@ -137,21 +137,7 @@ auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
   return result.get();
 }
 
-// Starts `op` on `ex` and completes `token` with its result. Every store and
-// backend operation goes through here, so the token handling lives in one place.
-template <typename T, typename Token>
-auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token,
-              const char* operation, detail::clock::duration limit) {
-  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
-    return run_blocking(ex, std::move(op), operation, limit);
-  else
-    return asio::co_spawn(ex, std::move(op), std::forward<Token>(token));
-}
-
-// The same for an operation that is a task (the backends' operations):
-// started on `ex` without an Asio coroutine frame, its handler called
-// through the handler's own executor, whose work is counted meanwhile (as
-// co_spawn does), so that an io_context waiting for it does not run dry.
+// The completion signature of an operation with a result of type T.
 template <typename T>
 struct task_completion {
   using type = void(std::exception_ptr, T);
@@ -161,6 +147,77 @@ struct task_completion<void> {
   using type = void(std::exception_ptr);
 };
 
+// Whether a handler's associated executor fits in an any_io_executor.
+// asio::use_future's does not: its promise_executor lacks the properties
+// any_io_executor requires (context, outstanding work), so the completers
+// below cannot hold it.
+template <typename Handler>
+inline constexpr bool has_io_executor_v =
+    std::is_constructible_v<asio::any_io_executor,
+                            asio::associated_executor_t<Handler, asio::any_io_executor>>;
+
+// co_spawn's handler for an operation that runs on `ex` while its caller's
+// handler runs on another executor (a coroutine's io_context, say): Asio's
+// co_spawn would post the handler there from the operation's thread and
+// drop its count of work there afterwards, which an io_context gone
+// meanwhile does not survive (post_handing_over). Here co_spawn completes
+// on `ex` itself, and the handler is posted with the count handed over.
+// The caller's cancellation slot is the operation's still.
+template <typename Handler>
+class handing_over {
+ public:
+  using cancellation_slot_type = asio::associated_cancellation_slot_t<Handler>;
+  handing_over(Handler h, const asio::any_io_executor& ex)
+      : work_(asio::prefer(asio::get_associated_executor(h, ex),
+                           asio::execution::outstanding_work.tracked)),
+        handler_(std::move(h)) {}
+  cancellation_slot_type get_cancellation_slot() const noexcept {
+    return asio::get_associated_cancellation_slot(handler_);
+  }
+  template <typename... Args>
+  void operator()(Args... args) {
+    post_handing_over(std::move(work_),
+                      [h = std::move(handler_), ... a = std::move(args)]() mutable {
+                        std::move(h)(std::move(a)...);
+                      });
+  }
+
+ private:
+  asio::any_io_executor work_;
+  Handler handler_;
+};
+
+// asio::co_spawn(ex, op, token), with the caller's handler completed as
+// handing_over does (where it runs on an executor that can count work).
+template <typename T, typename Token>
+auto spawn(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token) {
+  return asio::async_initiate<Token, typename task_completion<T>::type>(
+      [ex](auto handler, asio::awaitable<T> a) {
+        using handler_type = decltype(handler);
+        if constexpr (has_io_executor_v<handler_type>)
+          asio::co_spawn(ex, std::move(a), handing_over<handler_type>(std::move(handler), ex));
+        else
+          asio::co_spawn(ex, std::move(a), std::move(handler));
+      },
+      token, std::move(op));
+}
+
+// Starts `op` on `ex` and completes `token` with its result. Every store and
+// backend operation goes through here, so the token handling lives in one place.
+template <typename T, typename Token>
+auto initiate(const asio::any_io_executor& ex, asio::awaitable<T> op, Token&& token,
+              const char* operation, detail::clock::duration limit) {
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
+    return run_blocking(ex, std::move(op), operation, limit);
+  else
+    return spawn(ex, std::move(op), std::forward<Token>(token));
+}
+
+// The same for an operation that is a task (the backends' operations):
+// started on `ex` without an Asio coroutine frame, its handler called
+// through the handler's own executor, whose work is counted meanwhile (as
+// co_spawn does), so that an io_context waiting for it does not run dry,
+// and handed over with the handler (post_handing_over).
 template <typename T, typename Handler>
 class task_completer {
  public:
@@ -169,30 +226,21 @@ class task_completer {
                            asio::execution::outstanding_work.tracked)),
         handler_(std::move(h)) {}
   void operator()(std::exception_ptr failure) {
-    auto work = std::move(work_);
-    post_pooled(work, [h = std::move(handler_), failure]() mutable { std::move(h)(failure); });
+    post_handing_over(std::move(work_),
+                      [h = std::move(handler_), failure]() mutable { std::move(h)(failure); });
   }
   template <typename V>
   void operator()(std::exception_ptr failure, std::optional<V> value) {
-    auto work = std::move(work_);
-    post_pooled(work, [h = std::move(handler_), failure, v = std::move(value)]() mutable {
-      std::move(h)(failure, v ? std::move(*v) : T{});
-    });
+    post_handing_over(std::move(work_),
+                      [h = std::move(handler_), failure, v = std::move(value)]() mutable {
+                        std::move(h)(failure, v ? std::move(*v) : T{});
+                      });
   }
 
  private:
   asio::any_io_executor work_;
   Handler handler_;
 };
-
-// Whether a handler's associated executor fits in an any_io_executor.
-// asio::use_future's does not: its promise_executor lacks the properties
-// any_io_executor requires (context, outstanding work), so task_completer
-// above cannot hold it.
-template <typename Handler>
-inline constexpr bool has_io_executor_v =
-    std::is_constructible_v<asio::any_io_executor,
-                            asio::associated_executor_t<Handler, asio::any_io_executor>>;
 
 // The completer for such a handler, done as Asio's own operations do it
 // (handler_work): the operation's executor counts the pending work, and
@@ -283,6 +331,13 @@ inline constexpr detail::clock::duration blocking_grace = std::chrono::seconds(3
 // started stay alive on the context for the next call.
 template <typename T>
 T sync_wait(asio::io_context& context, asio::awaitable<T> op) {
+  // A timer gives the context its reactor (if it has none yet), so that
+  // this thread waits in epoll_wait, which a post from another thread
+  // interrupts under the scheduler's lock. Without one it would wait on a
+  // condition variable, which Asio signals after unlocking: the posting
+  // thread could still be inside pthread_cond_signal when this one, woken,
+  // returns and lets the context be destroyed.
+  { asio::steady_timer reactor(context); }
   auto result = detail::spawn_with_future<T>(context.get_executor(), std::move(op));
   context.restart();
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)

@@ -99,7 +99,9 @@ class request {
               executor = s->executor;
             }
             if (!done) {
-              asio::co_spawn(executor, wait_op(std::move(s)), std::move(handler));
+              // The waiter runs on the communicator's executor; the
+              // handler is handed back to its own (detail::handing_over).
+              detail::spawn(executor, wait_op(std::move(s)), std::move(handler));
               return;
             }
             // Finished: the request has let go of its executor, so the

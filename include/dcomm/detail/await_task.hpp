@@ -72,16 +72,16 @@ struct meeting {
   std::optional<handler_type> handler;
   std::optional<work_type> work;
 
-  // Posts the handler with the end (once both are here).
+  // Posts the handler with the end (once both are here), the count of
+  // work with it (post_handing_over: the end may come on another thread).
   void complete_later() {
-    auto w = std::move(*work);
-    post_pooled(w,
-                [h = std::move(*handler), failure = failure, value = std::move(value)]() mutable {
-                  if constexpr (std::is_void_v<T>)
-                    std::move(h)(failure);
-                  else
-                    std::move(h)(failure, value ? std::move(*value) : value_of<T>{});
-                });
+    post_handing_over(std::move(*work), [h = std::move(*handler), failure = failure,
+                                         value = std::move(value)]() mutable {
+      if constexpr (std::is_void_v<T>)
+        std::move(h)(failure);
+      else
+        std::move(h)(failure, value ? std::move(*value) : value_of<T>{});
+    });
   }
 
   // The task's end (run_to_end's done): inside the start, or later on the

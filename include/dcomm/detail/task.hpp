@@ -439,6 +439,23 @@ void post_pooled(const asio::any_io_executor& ex, F f) {
     asio::post(ex, std::move(handler));
 }
 
+// Posts f through `work`, an executor that counts outstanding work (what
+// an operation holds on its caller's executor while it runs elsewhere),
+// and hands that count to the posted function: it is dropped where f runs
+// (or is destroyed unrun), not by this thread once the post has returned.
+// Dropped here, after the post, it could reach an io_context that f, run
+// meanwhile, let its owner destroy: dcomm::sync_wait returns as soon as
+// its coroutine has, and its io_context then goes (or a new one takes its
+// memory, whose count the late drop would bring to zero: stopped).
+template <class Work, class F>
+void post_handing_over(Work work, F f) {
+  const asio::any_io_executor ex = asio::prefer(work, asio::execution::outstanding_work.untracked);
+  post_pooled(ex, [work = std::move(work), f = std::move(f)]() mutable {
+    std::move(f)();
+    (void)work;  // dropped with this function, on the thread that ran it
+  });
+}
+
 // The completion token for Asio operations awaited inside a task.
 struct use_task_t {
   constexpr use_task_t() = default;

@@ -94,7 +94,7 @@ asio::awaitable<R> agent<Backend>::typed_call(std::shared_ptr<agent_state<Backen
                                               std::shared_ptr<const detail::frame_out> call) {
   const std::string what = s->call_name(name);
   const auto timeout = target.timeout.count() > 0 ? target.timeout : s->o.timeout;
-  detail::frame_in reply = co_await asio::co_spawn(
+  detail::frame_in reply = co_await dcomm::detail::spawn(
       s->ex, detail::raw_call<Backend>(s, target.rank, timeout, name, std::move(call)),
       asio::use_awaitable);
   keep.reset();
