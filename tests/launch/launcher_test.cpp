@@ -115,6 +115,16 @@ int as_rank() {
   }
 }
 
+// Each rank adds rank + 1 to the store's "sum", then waits until every rank has.
+void add_to_sum_and_wait(const dcomm::rendezvous_result& world) {
+  auto& s = *world.store;
+  s.add("sum", world.rank + 1, dcomm::blocking);
+  s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+  std::vector<std::string> all;
+  for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+  s.wait(all, dcomm::blocking);
+}
+
 // The rank program under torchrun without --standalone
 // (`launcher_tests --as-agent-store-rank`): rendezvous joins the agent's
 // TCPStore; the ranks agree on a sum through it, then all_reduce.
@@ -123,11 +133,7 @@ int as_agent_store_rank() {
     auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
     const bool c10d = dynamic_cast<dcomm::c10d_store*>(world.store.get()) != nullptr;
     auto& s = *world.store;
-    s.add("sum", world.rank + 1, dcomm::blocking);
-    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
-    std::vector<std::string> all;
-    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
-    s.wait(all, dcomm::blocking);
+    add_to_sum_and_wait(world);
     std::printf("rank %d: store %s, sum=%s\n", world.rank, c10d ? "c10d" : "dcomm",
                 s.get("sum", dcomm::blocking).c_str());
     std::fflush(stdout);
@@ -146,11 +152,7 @@ int as_url_rank(const std::string& url) {
   try {
     auto world = dcomm::rendezvous({.init_method = url, .timeout = 5s});
     auto& s = *world.store;
-    s.add("sum", world.rank + 1, dcomm::blocking);
-    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
-    std::vector<std::string> all;
-    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
-    s.wait(all, dcomm::blocking);
+    add_to_sum_and_wait(world);
     std::printf("sum=%s store=%s\n", s.get("sum", dcomm::blocking).c_str(), s.address().c_str());
     std::fflush(stdout);
     dcomm::depart(world, dcomm::blocking);
