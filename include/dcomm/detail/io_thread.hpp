@@ -4,12 +4,6 @@
 // calling thread instead of waiting for the io thread.
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
-
-#include <asio/any_io_executor.hpp>
-#include <asio/executor_work_guard.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dcomm/detail/asio.hpp"
 #include "dcomm/detail/await_task.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/task.hpp"
