@@ -138,24 +138,16 @@ struct blocking_outcome {
   }
 };
 
-// Starts op on ex, to end in `out`.
+// Starts op on ex, to end in `out`: at once where this thread runs ex's
+// context (io_drive's as_handler; finish may then run inside this call, as
+// the end of a blocking call may), else posted.
 template <typename T>
 void start_blocking(const asio::any_io_executor& ex, task<T> op,
                     std::shared_ptr<blocking_outcome<T>> out) {
   if constexpr (std::is_void_v<T>)
-    start(ex, std::move(op), [out](std::exception_ptr failure) { out->finish(failure); });
+    start_now(ex, std::move(op), [out](std::exception_ptr failure) { out->finish(failure); });
   else
-    start(ex, std::move(op), [out](std::exception_ptr failure, std::optional<T> value) {
-      out->finish(failure, std::move(value));
-    });
-}
-// The same, right here (io_drive::drive's start(true)).
-template <typename T>
-void start_blocking_here(task<T> op, std::shared_ptr<blocking_outcome<T>> out) {
-  if constexpr (std::is_void_v<T>)
-    start_here(std::move(op), [out](std::exception_ptr failure) { out->finish(failure); });
-  else
-    start_here(std::move(op), [out](std::exception_ptr failure, std::optional<T> value) {
+    start_now(ex, std::move(op), [out](std::exception_ptr failure, std::optional<T> value) {
       out->finish(failure, std::move(value));
     });
 }
@@ -200,16 +192,8 @@ auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
   out->drive = drive;
   bool ended = false;
   if (drive) {
-    // Started here where this thread has the context to itself: a task on
-    // the context's own executor (a strand's queue would be bypassed).
-    auto start = [&](bool here) {
-      if constexpr (std::is_same_v<Op, task<T>>)
-        if (here && executor_target<asio::io_context::executor_type>(ex))
-          return start_blocking_here(std::move(op), out);
-      start_blocking(ex, std::move(op), out);
-    };
-    ended = drive->drive(
-        start, [&out] { return out->ready(); }, deadline);
+    ended = drive->drive([&] { start_blocking(ex, std::move(op), out); },
+                         [&out] { return out->ready(); }, deadline);
   } else {
     start_blocking(ex, std::move(op), out);
     ended = out->wait_until(deadline);

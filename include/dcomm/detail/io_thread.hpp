@@ -49,7 +49,9 @@ class io_drive : public asio::execution_context::service {
 
   explicit io_drive(asio::execution_context& owner,
                     std::chrono::microseconds linger = default_linger)
-      : asio::execution_context::service(owner), linger_(linger) {}
+      : asio::execution_context::service(owner),
+        linger_(linger),
+        scheduler_(asio::use_service<asio::detail::scheduler>(owner)) {}
 
   // The io_drive of the io_context behind ex (itself, or a strand of it)
   // where an io_thread runs that context; else null.
@@ -63,13 +65,14 @@ class io_drive : public asio::execution_context::service {
     return &asio::use_service<io_drive>(*context);
   }
 
-  // Starts an operation and runs the context on this thread until
-  // ready(): once the io thread has parked and no other caller runs it,
-  // start(true) starts the operation right here (it may end at once, no
-  // handler run); else start(false) posts it, and this thread waits (for
-  // the park, for the other caller, or for the end, which calls notify(),
-  // where another thread runs it). False if the deadline came first. Never
-  // from a thread that runs the context (run_one may not nest).
+  // Starts an operation (start()) and runs the context on this thread
+  // until ready(), once the io thread has parked and no other caller runs
+  // it: then start() runs as a handler of the context would (as_handler),
+  // so that the operation starts at once and may end there. Else start()
+  // posts it, and this thread waits (for the park, for the other caller,
+  // or for the end, which calls notify(), where another thread runs it).
+  // False if the deadline came first. Never from a thread that runs the
+  // context (run_one may not nest).
   template <class Start, class Ready>
   bool drive(Start start, Ready ready, clock::time_point deadline) {
     std::shared_ptr<void> keep;  // destroyed after `lock` is released
@@ -77,31 +80,29 @@ class io_drive : public asio::execution_context::service {
     bool started = false;
     for (;;) {
       if (started && ready()) return true;
-      if (parked_ && !driving_ && !leave_ && !stopping_) {
-        keep = keep_.lock();  // the context outlives this run
-        if (keep) {
-          driving_ = true;
-          const auto last_end = idle_since_;
-          lock.unlock();
-          run(start, started, ready, last_end, deadline);
-          lock.lock();
-          driving_ = false;
-          idle_since_ = clock::now();
-          if (waiting_.load() > 0 || leave_ || stopping_) changed_.notify_all();
-          // Not ended: the deadline came, or the context was stopped (the
-          // io_thread goes), which no operation outlives.
-          if (!ready() && (idle_since_ >= deadline || io().stopped())) return false;
-          continue;
-        }
+      if (parked_ && !driving_ && !leave_ && !stopping_ && (keep || (keep = keep_.lock()))) {
+        driving_ = true;
+        const auto last_end = idle_since_;
+        lock.unlock();
+        run(start, started, ready, last_end, deadline);
+        lock.lock();
+        driving_ = false;
+        idle_since_ = clock::now();
+        if (waiting_.load() > 0 || leave_ || stopping_) changed_.notify_all();
+        // Not ended: the deadline came, or the context was stopped (the
+        // io_thread goes), which no operation outlives.
+        if (!ready() && (idle_since_ >= deadline || io().stopped())) return false;
+        continue;
       }
-      // The io thread is to park once it has run what is queued (this
-      // operation included, if posted now): asked for even where that
-      // operation ends first, so that the next call finds it parked.
+      // The io thread is to park once it has run what is queued, this
+      // operation included (posted first): asked for with the operation,
+      // even where the io thread ends it before this thread looks again,
+      // so that the next call finds it parked.
       const bool ask = !engaged_.load(std::memory_order_relaxed) && !stopping_;
       if (ask) engaged_.store(true, std::memory_order_relaxed);
       if (!started || ask) {
         lock.unlock();
-        if (!started) start(false);
+        if (!started) start();
         if (ask) asio::post(io(), [this] { park(); });
         lock.lock();
         started = true;
@@ -142,13 +143,41 @@ class io_drive : public asio::execution_context::service {
     return static_cast<asio::io_context&>(asio::execution_context::service::context());
   }
 
-  // The driving caller's turn: starts the operation here if not yet
-  // started, then runs handlers until it has ended. An operation that ends
-  // at once runs none, as a co_awaited one that ends inside its start does
-  // (detail/await_task.hpp), and for the same reasons (the scheduler's round
-  // costs a third of a small shared memory call; and the transport's
-  // settle_bell, queued, lets peers ring this rank's bell once it has run);
-  // but after inline_turns such ends, or linger_ since the last round
+  // Runs f on this thread as a handler of the context, the way Asio
+  // 1.22's scheduler runs one (do_run_one and its work_cleanup): inside the
+  // scheduler's call stack, so that dispatch and running_in_this_thread
+  // take this thread for one that runs the context (an operation started
+  // inside runs at once, and what it dispatches too, as on the io thread);
+  // what it posts meanwhile (in this thread's private queue, the context
+  // being made for one thread) joins the queue behind what was there.
+  // Only for the thread that runs the context now.
+  template <class F>
+  void as_handler(F&& f) {
+    asio::detail::scheduler_thread_info info;
+    info.private_outstanding_work = 0;
+    struct flush {
+      asio::detail::scheduler& s;
+      asio::detail::scheduler_thread_info& info;
+      ~flush() {
+        for (long i = 0; i < info.private_outstanding_work; ++i) s.work_started();
+        s.post_deferred_completions(info.private_op_queue);
+      }
+    } on_exit{scheduler_, info};
+    {
+      asio::detail::call_stack<asio::detail::thread_context,
+                               asio::detail::thread_info_base>::context inside(&scheduler_, info);
+      std::forward<F>(f)();
+    }
+    info.rethrow_pending_exception();
+  }
+
+  // The driving caller's turn: starts the operation as a handler (if not
+  // yet started), then runs handlers until it has ended. An operation that
+  // ends at once runs none, as a co_awaited one that ends inside its start
+  // does (detail/await_task.hpp), for the same reasons: the scheduler's
+  // round costs a third of a small shared memory call, and the transport's
+  // settle_bell, queued, lets peers ring this rank's bell once it has run.
+  // But after inline_turns such ends, or linger_ since the last round
   // (`last_end`: when the previous blocking call ended), the context runs
   // what is ready, so that nothing queued waits long.
   template <class Start, class Ready>
@@ -157,7 +186,7 @@ class io_drive : public asio::execution_context::service {
     auto& context = io();
     if (!started) {
       started = true;
-      start(true);
+      as_handler(start);
       if (ready() && ++inline_streak_ < await_task_detail::inline_turns &&
           last_end - last_round_ < linger_)
         return;
@@ -200,7 +229,8 @@ class io_drive : public asio::execution_context::service {
   void shutdown() override {}
 
   const std::chrono::microseconds linger_;
-  std::weak_ptr<void> keep_;  // what holds the context (the io_thread's state)
+  asio::detail::scheduler& scheduler_;  // the context's (as_handler)
+  std::weak_ptr<void> keep_;            // what holds the context (the io_thread's state)
   std::mutex mutex_;
   std::condition_variable changed_;
   std::atomic<bool> engaged_{false};  // a park asked for, or parked (written under mutex_)

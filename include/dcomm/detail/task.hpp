@@ -416,16 +416,6 @@ void start_now(const asio::any_io_executor& executor, task<T> t, F done) {
   task_detail::start_on<task_detail::start_mode::at_once>(executor, std::move(t), std::move(done));
 }
 
-// Runs t at once on this thread, outside any executor, and calls done
-// there if it ends meanwhile (else where it ends): for a thread that has
-// the io_context behind t's executor to itself, no handler of it running
-// meanwhile (detail/io_thread.hpp's io_drive).
-template <class T, class F>
-void start_here(task<T> t, F done) {
-  auto d = task_detail::run_to_end(std::move(t), std::move(done));
-  task_detail::starter{d.h}();
-}
-
 // Runs f through `ex`, never inside the caller (post), with its memory from
 // the pool where ex is an io_context's executor or an io_strand (an
 // any_io_executor cannot pass the allocator on). Not dispatch: a handler
