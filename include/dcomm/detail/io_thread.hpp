@@ -39,9 +39,9 @@ namespace dcomm::detail {
 // waits for the next call (as with MPI, which makes progress inside its
 // calls), and so does whatever is posted there, except where the poster
 // hands the context back at once (hand_back: a communicator operation
-// started with another token, a request.wait()). Several threads may make
-// blocking calls: one runs the context, the others wait for their ends (the
-// runner runs their operations too) or for their turn.
+// started with another token, request.wait(), new_group, abort, close).
+// Several threads may make blocking calls: one runs the context, the others
+// wait for their ends (the runner runs their operations too) or their turn.
 class io_drive : public asio::execution_context::service {
  public:
   static inline asio::execution_context::id id;
