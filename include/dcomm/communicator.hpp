@@ -96,7 +96,10 @@ class communicator {
   Backend& backend() const { return *rt_->backend; }
 
   // Fails every pending and future operation of every group at once.
-  void abort() const { rt_->backend->abort(); }
+  void abort() const {
+    rt_->backend->abort();
+    if (rt_->thread) rt_->thread->drive().hand_back();  // run at once (detail::io_drive)
+  }
 
   // Writes this process's flight recorder (its last operations, every
   // group's: trace/flight_recorder.hpp describes the format) to `path`.

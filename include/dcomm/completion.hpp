@@ -10,20 +10,23 @@
 //   store.get("k", dcomm::blocking);                 // plain blocking form
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
+#include <condition_variable>
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "dcomm/detail/asio.hpp"
 #include "dcomm/detail/await_task.hpp"
 #include "dcomm/detail/clock.hpp"
+#include "dcomm/detail/io_thread.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
 
@@ -101,40 +104,115 @@ std::future<T> spawn_with_future(const asio::any_io_executor& ex, asio::awaitabl
   return future;
 }
 
-// The same for a task.
+// What a blocking call waits for: its operation's end, which the thread
+// that ran the operation sets (and tells the io_drive, where one runs the
+// operation's context: the caller may be waiting there).
 template <typename T>
-std::future<T> spawn_with_future(const asio::any_io_executor& ex, task<T> op) {
-  auto promise = std::make_shared<std::promise<T>>();
-  auto future = promise->get_future();
-  if constexpr (std::is_void_v<T>) {
-    start(ex, std::move(op), [promise](std::exception_ptr failure) {
-      failure ? promise->set_exception(failure) : promise->set_value();
-    });
-  } else {
-    start(ex, std::move(op), [promise](std::exception_ptr failure, std::optional<T> value) {
-      failure ? promise->set_exception(failure) : promise->set_value(std::move(*value));
-    });
+struct blocking_outcome {
+  using value_type = std::conditional_t<std::is_void_v<T>, char, T>;
+  io_drive* drive = nullptr;
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;
+  std::optional<value_type> value;
+  std::mutex mutex;  // for a wait without an io_drive
+  std::condition_variable ended;
+
+  void finish(std::exception_ptr f, std::optional<value_type> v = {}) {
+    failure = std::move(f);
+    value = std::move(v);
+    if (drive) {
+      done.store(true, std::memory_order_seq_cst);  // seq_cst: see io_drive::notify
+      drive->notify();
+      return;
+    }
+    {
+      std::lock_guard lock(mutex);
+      done.store(true, std::memory_order_release);
+    }
+    ended.notify_all();
   }
-  return future;
+  bool ready() const { return done.load(std::memory_order_seq_cst); }
+  bool wait_until(clock::time_point deadline) {
+    std::unique_lock lock(mutex);
+    return ended.wait_until(lock, deadline, [this] { return ready(); });
+  }
+};
+
+// Starts op on ex, to end in `out`: at once where this thread runs ex's
+// context (io_drive's as_handler; finish may then run inside this call, as
+// the end of a blocking call may), else posted.
+template <typename T>
+void start_blocking(const asio::any_io_executor& ex, task<T> op,
+                    std::shared_ptr<blocking_outcome<T>> out) {
+  if constexpr (std::is_void_v<T>)
+    start_now(ex, std::move(op), [out](std::exception_ptr failure) { out->finish(failure); });
+  else
+    start_now(ex, std::move(op), [out](std::exception_ptr failure, std::optional<T> value) {
+      out->finish(failure, std::move(value));
+    });
+}
+template <typename T>
+void start_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op,
+                    std::shared_ptr<blocking_outcome<T>> out) {
+  asio::co_spawn(ex, std::move(op), [out](std::exception_ptr failure, auto... value) {
+    if constexpr (sizeof...(value) == 0)
+      out->finish(failure);
+    else if (failure)
+      out->finish(failure);
+    else
+      out->finish(nullptr, std::optional<T>(std::move(value)...));
+  });
 }
 
-// Runs op (an awaitable or a task) to its end from plain code.
+template <typename Op>
+struct op_result;
+template <typename T>
+struct op_result<task<T>> {
+  using type = T;
+};
+template <typename T>
+struct op_result<asio::awaitable<T>> {
+  using type = T;
+};
+
+// Runs op (an awaitable or a task) to its end from plain code, by
+// `deadline`. Where an io_thread runs ex's context (`drive`: its io_drive),
+// this thread runs that context meanwhile: no hand-over to the io thread
+// and back per call. Else it waits for the thread that runs the context.
 template <typename Op>
 auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
-                  detail::clock::duration limit) {
+                  clock::time_point deadline, io_drive* drive) {
+  using T = typename op_result<Op>::type;
   if (running_in_this_thread(ex))
     throw_error(errc::invalid_argument,
                 {.operation = operation,
                  .detail = "blocking call made from the thread that runs the object's executor; "
                            "co_await it instead"});
-  auto result = spawn_with_future(ex, std::move(op));
-  // Every operation has its own deadline; this one only guards against an
-  // executor nobody runs, which would otherwise block forever.
-  if (result.wait_for(limit) != std::future_status::ready)
+  auto out = std::allocate_shared<blocking_outcome<T>>(pool_allocator<blocking_outcome<T>>{});
+  out->drive = drive;
+  bool ended = false;
+  if (drive) {
+    ended = drive->drive([&] { start_blocking(ex, std::move(op), out); },
+                         [&out] { return out->ready(); }, deadline);
+  } else {
+    start_blocking(ex, std::move(op), out);
+    ended = out->wait_until(deadline);
+  }
+  if (!ended)
     throw_error(errc::timeout, {.operation = operation,
                                 .detail = "the operation did not complete; is anything running "
                                           "the executor it was started on?"});
-  return result.get();
+  if (out->failure) std::rethrow_exception(out->failure);
+  if constexpr (!std::is_void_v<T>) return T(std::move(*out->value));
+}
+
+// The same within `limit` (every operation has its own deadline; this one
+// only guards against an executor nobody runs, which would otherwise block
+// forever), on ex's io_drive if it has one.
+template <typename Op>
+auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
+                  clock::duration limit) {
+  return run_blocking(ex, std::move(op), operation, clock::now() + limit, io_drive::of(ex));
 }
 
 // The completion signature of an operation with a result of type T.
@@ -356,38 +434,4 @@ T sync_wait(asio::awaitable<T> op) {
   return sync_wait(context, std::move(op));
 }
 
-namespace detail {
-
-// An io_context with a thread of its own, for objects a user creates without
-// giving them an executor (the blocking API of torch.distributed users).
-// The owner may be destroyed on that very thread (its last reference dropped
-// by a completing operation): then the thread is detached, and the context,
-// shared with it, lives until run() has returned.
-class io_thread {
- public:
-  io_thread() : state_(std::make_shared<state>()) {
-    thread_ = std::thread([s = state_] { s->context.run(); });
-  }
-  io_thread(const io_thread&) = delete;
-  io_thread& operator=(const io_thread&) = delete;
-  ~io_thread() {
-    state_->guard.reset();
-    state_->context.stop();
-    if (thread_.get_id() == std::this_thread::get_id())
-      thread_.detach();
-    else
-      thread_.join();
-  }
-  asio::any_io_executor get_executor() { return state_->context.get_executor(); }
-
- private:
-  struct state {
-    asio::io_context context{1};
-    asio::executor_work_guard<asio::io_context::executor_type> guard{context.get_executor()};
-  };
-  std::shared_ptr<state> state_;
-  std::thread thread_;
-};
-
-}  // namespace detail
 }  // namespace dcomm

@@ -72,6 +72,9 @@ class request {
                   {.operation = "request.wait",
                    .detail = "blocking wait on the thread that runs the communicator; use "
                              "co_await request.async_wait()"});
+    // The io thread runs what is left of it, if blocking calls had it
+    // parked (detail::io_drive).
+    if (auto* drive = detail::io_drive::of(executor)) drive->hand_back();
     std::unique_lock lock(state_->mutex);
     if (!state_->cv.wait_until(lock, state_->deadline + detail::blocking_grace,
                                [&] { return state_->done; }))

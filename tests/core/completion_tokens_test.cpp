@@ -261,10 +261,9 @@ void run_world(way w, asio::awaitable<void> (*body)(comm&, way)) {
 // A world of 2 whose ranks are threads of this process, each with the
 // communicator of the blocking init_process_group (the backend on an io
 // thread of its own), meeting through a file store; each rank runs
-// `calls` times dcomm::sync_wait(body(c, rank, i)), each on a fresh
-// io_context, as plain code does. Returns each rank's error ("" if none).
-template <class Body>
-std::vector<std::string> own_thread_world(int calls, Body body) {
+// rank(c, r) on its thread. Returns each rank's error ("" if none).
+template <class Rank>
+std::vector<std::string> own_thread_ranks(Rank rank) {
   dcomm::test::temp_dir dir;
   std::vector<std::string> errors(2);
   std::vector<std::thread> ranks;
@@ -278,13 +277,22 @@ std::vector<std::string> own_thread_world(int calls, Body body) {
                                                   .job_token = ""};
         o.backend.bind_host = "127.0.0.1";
         auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
-        for (int i = 0; i < calls; ++i) dcomm::sync_wait(body(c, r, i));
+        rank(c, r);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
     });
   for (auto& t : ranks) t.join();
   return errors;
+}
+
+// Each rank runs `calls` times dcomm::sync_wait(body(c, rank, i)), each on
+// a fresh io_context, as plain code does.
+template <class Body>
+std::vector<std::string> own_thread_world(int calls, Body body) {
+  return own_thread_ranks([&](comm& c, int r) {
+    for (int i = 0; i < calls; ++i) dcomm::sync_wait(body(c, r, i));
+  });
 }
 
 }  // namespace
@@ -449,6 +457,61 @@ TEST_SUITE("completion tokens") {
     });
     INFO("as_request: rank 0: " << requested[0] << "; rank 1: " << requested[1]);
     CHECK((requested[0].empty() && requested[1].empty()));
+    // Blocking calls from inside the coroutine (this thread runs the
+    // communicator's context, detail::io_drive, from within a handler of
+    // sync_wait's), between co_awaited ones, which hand it back to the io
+    // thread: the context goes back and forth every call.
+    auto mixed = own_thread_world(300, [](comm& c, int r, int i) -> asio::awaitable<void> {
+      std::vector<std::int32_t> x{r + 1, i};
+      c.all_reduce(x, dcomm::sum, dcomm::blocking);
+      require(x == std::vector<std::int32_t>{3, 2 * i}, "blocking all_reduce's sum");
+      co_await c.all_reduce(x, dcomm::sum);
+      require(x == std::vector<std::int32_t>{6, 4 * i}, "co_awaited all_reduce's sum");
+    });
+    INFO("mixed: rank 0: " << mixed[0] << "; rank 1: " << mixed[1]);
+    CHECK((mixed[0].empty() && mixed[1].empty()));
+  }
+
+  // Blocking calls from two threads of each rank at once: one thread runs
+  // the context (detail::io_drive) and with it the other's operation, or
+  // they take turns. Each rank's receiver waits for the other rank's
+  // sender, which starts after a pause, while its own sender's message is
+  // what the other rank's receiver waits for.
+  TEST_CASE("dcomm::blocking from two threads of a rank at once") {
+    DCOMM_TEST_DEADLINE(90s);
+    constexpr int messages = 200;
+    auto errors = own_thread_ranks([](comm& c, int r) {
+      const int peer = 1 - r;
+      std::string sender_failure;
+      std::thread sender([&] {
+        try {
+          for (int k = 0; k < messages; ++k) {
+            std::this_thread::sleep_for(std::chrono::microseconds(k % 7 * 30));
+            std::vector<std::int32_t> out{1000 * r + k};
+            c.send(out, peer, 1, dcomm::blocking);
+          }
+        } catch (const std::exception& e) {
+          sender_failure = e.what();
+        }
+      });
+      std::string receiver_failure;
+      try {
+        for (int k = 0; k < messages; ++k) {
+          std::vector<std::int32_t> in{-1};
+          c.recv(in, peer, 1, dcomm::blocking);
+          require(in[0] == 1000 * peer + k,
+                  "message " + std::to_string(k) + " came as " + std::to_string(in[0]));
+        }
+      } catch (const std::exception& e) {
+        receiver_failure = e.what();
+      }
+      sender.join();
+      require(sender_failure.empty(), "sender: " + sender_failure);
+      require(receiver_failure.empty(), "receiver: " + receiver_failure);
+      c.barrier(dcomm::blocking);
+    });
+    INFO("rank 0: " << errors[0] << "; rank 1: " << errors[1]);
+    CHECK((errors[0].empty() && errors[1].empty()));
   }
 }
 
@@ -506,8 +569,16 @@ class self_backend {
   }
   dcomm::task<void> all_reduce(const dcomm::op_context&, dcomm::const_tensor_view in,
                                dcomm::tensor_view out, dcomm::reducer r) {
+    ran_on = std::this_thread::get_id();
+    bool now = false;
+    asio::dispatch(ex_, [&now] { now = true; });
+    dispatched_at_once = now;
     co_await copy_reduced(in, out, r);
   }
+  // The last all_reduce's thread, and whether a dispatch to the executor
+  // ran at once there (it does inside a handler of the executor).
+  std::thread::id ran_on;
+  bool dispatched_at_once = false;
   dcomm::task<void> scatter(const dcomm::op_context&, dcomm::const_tensor_view in,
                             dcomm::tensor_view out, int) {
     copy(in, out);
@@ -643,6 +714,83 @@ TEST_SUITE("completion tokens") {
         x, dcomm::sum, dcomm::op_options{.algorithm = dcomm::algorithm::ring}, asio::use_future);
     REQUIRE(refused.wait_for(10s) == std::future_status::ready);
     CHECK_THROWS_AS(refused.get(), dcomm::error);
+    made.reset();
+  }
+}
+
+TEST_SUITE("completion tokens") {
+  // dcomm::blocking on an io thread's context (the blocking init_process_group's):
+  // the calling thread runs the operation while the io thread is parked
+  // (detail::io_drive), so a call takes no thread hand-over (issue 41: it
+  // cost 5 to 8 times the co_await form); other tokens and request.wait()
+  // hand the context back to the io thread at once.
+  TEST_CASE("dcomm::blocking runs its operation on the calling thread, the io thread parked") {
+    DCOMM_TEST_DEADLINE(60s);
+    using self_comm = dcomm::communicator<outside::self_backend>;
+    // A linger beyond the test: only a hand-back lets the io thread go on.
+    auto thread = std::make_shared<dcomm::detail::io_thread>(std::chrono::seconds(120));
+    std::optional<self_comm> made;
+    {
+      auto rt = std::make_shared<self_comm::runtime>();
+      rt->backend = std::make_shared<outside::self_backend>(thread->get_executor());
+      rt->thread = thread;
+      made = self_comm::make_world(std::move(rt), 10s);
+    }
+    self_comm c = *made;
+    std::promise<std::thread::id> io_id_p;
+    asio::post(thread->get_executor(), [&] { io_id_p.set_value(std::this_thread::get_id()); });
+    const auto io_id = io_id_p.get_future().get();
+    const auto me = std::this_thread::get_id();
+    int here = 0, at_once = 0;
+    std::string where;
+    for (int i = 0; i < 100; ++i) {
+      std::vector<std::int32_t> x{i, -i};
+      c.all_reduce(x, dcomm::sum, dcomm::blocking);
+      REQUIRE(x == std::vector<std::int32_t>{i, -i});
+      if (c.backend().ran_on == me) ++here;
+      where += c.backend().ran_on == me ? 'h' : (c.backend().ran_on == io_id ? 'i' : '?');
+      if (c.backend().dispatched_at_once) ++at_once;
+    }
+    // The first call asks the io thread to park and may run there.
+    INFO("where each ran: " << where);
+    CHECK(here >= 99);
+    // Each ran as a handler of the executor would, on either thread: what
+    // it dispatches runs in order (the MPI backend makes a split's
+    // communicator so).
+    CHECK(at_once == 100);
+    c.barrier(dcomm::blocking);  // a timer's wait, run here too
+
+    // Posted work that no blocking call runs: another token hands the
+    // context back, and the io thread runs both (the io thread's linger
+    // alone would hold them for minutes). A blocking call from the io
+    // thread is refused there.
+    std::promise<std::string> from_io;
+    auto from_io_f = from_io.get_future();
+    asio::post(thread->get_executor(), [&] {
+      try {
+        c.barrier(dcomm::blocking);
+        from_io.set_value("it ran");
+      } catch (const dcomm::error& e) {
+        from_io.set_value(e.code() == dcomm::errc::invalid_argument ? "refused" : e.what());
+      }
+    });
+    std::vector<float> y{1.5f};
+    auto y_f = c.all_reduce(y, dcomm::max, asio::use_future);
+    REQUIRE(y_f.wait_for(10s) == std::future_status::ready);
+    y_f.get();
+    REQUIRE(from_io_f.wait_for(10s) == std::future_status::ready);
+    CHECK(from_io_f.get() == "refused");
+    CHECK(c.backend().ran_on == io_id);
+
+    // Parked again by blocking calls, then a request: its start hands the
+    // context back, and so does wait().
+    for (int i = 0; i < 3; ++i) c.barrier(dcomm::blocking);
+    std::vector<std::int64_t> z{7};
+    auto req = c.all_reduce(z, dcomm::sum, dcomm::as_request);
+    const auto t0 = std::chrono::steady_clock::now();
+    req.wait();
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    CHECK(z == std::vector<std::int64_t>{7});
     made.reset();
   }
 }

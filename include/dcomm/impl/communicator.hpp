@@ -342,6 +342,9 @@ class comm_ops {
     if (me != members.end())
       child = make_group_state(id, std::move(global), static_cast<int>(me - members.begin()));
     c_.rt_->backend->group_created(c_.group_, child, 0, child ? child->rank : 0);
+    // What the backend queued for the group runs before the group's first
+    // call, though blocking calls had the io thread parked (io_drive).
+    if (c_.rt_->thread) c_.rt_->thread->drive().hand_back();
     if (!child) return std::nullopt;
     return comm(c_.rt_, c_.owner_, std::move(child));
   }

@@ -64,6 +64,7 @@ struct comm_closer {
     auto done = std::make_shared<std::promise<void>>();
     auto future = done->get_future();
     rt->backend->close([done] { done->set_value(); });
+    if (rt->thread) rt->thread->drive().hand_back();  // no blocking call will run the close
     // Our own io thread: let the close finish (links flushed and closed,
     // bounded by the backend) before the thread and its context stop.
     if (rt->thread && !detail::running_in_this_thread(rt->backend->get_executor()))
@@ -226,25 +227,35 @@ request start_request(const std::shared_ptr<comm_runtime<Backend>>& rt, const ch
                        brief.collective};
   auto op = bad ? refuse_any<void>(bad)
                 : hold<void>(rt, std::move(ctx), trace_id, note, ev, std::move(f));
-  return request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
+  auto req = request_access::start(rt->backend->get_executor(), operation, deadline, std::move(op));
+  if (rt->thread) rt->thread->drive().hand_back();  // its io thread runs it (io_drive)
+  return req;
 }
 
 template <class R, backend Backend, class Token, class F>
 auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation,
                  Token&& token, std::exception_ptr bad, op_context ctx, F f,
                  const trace::op_brief& brief) {
-  // How long a blocking call may wait (a clock read only that token needs).
-  detail::clock::duration limit{};
-  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>)
-    limit = ctx.deadline - detail::clock::now() + detail::blocking_grace;
+  // How long a blocking call may wait.
+  const auto blocking_deadline = ctx.deadline + detail::blocking_grace;
   const std::uint64_t trace_id = bad ? 0 : record_queued(*rt, operation, ctx, brief);
   auto ev = timeline_entry(*rt, operation, ctx, brief);
   const call_note note{operation, brief.count * size_of(brief.type), trace::steady_ns(ctx.issued),
                        brief.collective};
   auto op =
       bad ? refuse_any<R>(bad) : hold<R>(rt, std::move(ctx), trace_id, note, ev, std::move(f));
-  return detail::initiate(rt->backend->get_executor(), std::move(op), std::forward<Token>(token),
-                          operation, limit);
+  const auto& ex = rt->backend->get_executor();
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
+    // Run by this thread where an io thread of ours runs the backend.
+    return detail::run_blocking(ex, std::move(op), operation, blocking_deadline,
+                                rt->thread ? &rt->thread->drive() : io_drive::of(ex));
+  } else {
+    // An operation that no blocking call runs goes to the io thread at
+    // once, if blocking calls had it parked (io_drive).
+    if (rt->thread) rt->thread->drive().hand_back();
+    return detail::initiate(ex, std::move(op), std::forward<Token>(token), operation,
+                            clock::duration{});
+  }
 }
 
 // Starts f(backend, ctx) (a coroutine returning task<R>), or completes with
