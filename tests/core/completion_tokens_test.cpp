@@ -10,6 +10,7 @@
 // a component's cases share one file rather than split by line count.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/communicator.hpp"
 #include "dcomm/cpu_backend.hpp"
+#include "dcomm/detail/io_thread.hpp"
 #include "dcomm/thread_world.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
@@ -792,6 +794,46 @@ TEST_SUITE("completion tokens") {
     CHECK(std::chrono::steady_clock::now() - t0 < 10s);
     CHECK(z == std::vector<std::int64_t>{7});
     made.reset();
+  }
+}
+
+TEST_SUITE("completion tokens") {
+  // io_drive after an operation's start throws, on either path: while the
+  // io thread runs the context (the park asked for with it), and while the
+  // caller runs it. Either way later calls still run on the calling thread
+  // with the io thread parked, rather than wait for a park never asked for
+  // or a caller that left.
+  TEST_CASE("io_drive: an operation's start that throws leaves the context usable") {
+    DCOMM_TEST_DEADLINE(60s);
+    dcomm::detail::io_thread thread(std::chrono::seconds(120));
+    auto& drive = thread.drive();
+    const auto me = std::this_thread::get_id();
+    // One call: its operation posted to the context (run at once where this
+    // thread runs it); true if it ended, and ran on this thread.
+    auto call = [&](bool throw_at_start) {
+      std::atomic<bool> done{false};
+      std::thread::id ran_on;
+      const bool ended = drive.drive(
+          [&] {
+            if (throw_at_start) throw std::runtime_error("start failed");
+            asio::post(thread.get_executor(), [&] {
+              ran_on = std::this_thread::get_id();
+              done.store(true, std::memory_order_seq_cst);
+              drive.notify();
+            });
+          },
+          [&] { return done.load(std::memory_order_seq_cst); },
+          dcomm::detail::clock::now() + 5s);
+      return ended && ran_on == me;
+    };
+    CHECK_THROWS_WITH_AS(call(true), "start failed", std::runtime_error);  // the io thread runs
+    int here = 0;
+    for (int i = 0; i < 20; ++i) here += call(false) ? 1 : 0;
+    CHECK(here >= 19);
+    CHECK_THROWS_WITH_AS(call(true), "start failed", std::runtime_error);  // this thread runs
+    here = 0;
+    for (int i = 0; i < 20; ++i) here += call(false) ? 1 : 0;
+    CHECK(here == 20);
   }
 }
 

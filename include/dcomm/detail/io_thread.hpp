@@ -83,12 +83,22 @@ class io_drive : public asio::execution_context::service {
       if (parked_ && !driving_ && !leave_ && !stopping_ && (keep || (keep = keep_.lock()))) {
         driving_ = true;
         const auto last_end = idle_since_;
-        lock.unlock();
-        run(start, started, ready, last_end, deadline);
-        lock.lock();
-        driving_ = false;
-        idle_since_ = clock::now();
-        if (waiting_.load() > 0 || leave_ || stopping_) changed_.notify_all();
+        {
+          // Whatever leaves run() (a handler's exception too) gives the
+          // context up: else the parked io thread would wait for ever.
+          struct give_up {
+            io_drive& d;
+            std::unique_lock<std::mutex>& lock;
+            ~give_up() {
+              lock.lock();
+              d.driving_ = false;
+              d.idle_since_ = clock::now();
+              if (d.waiting_.load() > 0 || d.leave_ || d.stopping_) d.changed_.notify_all();
+            }
+          } on_exit{*this, lock};
+          lock.unlock();
+          run(start, started, ready, last_end, deadline);
+        }
         // Not ended: the deadline came, or the context was stopped (the
         // io_thread goes), which no operation outlives.
         if (!ready() && (idle_since_ >= deadline || io().stopped())) return false;
@@ -102,8 +112,16 @@ class io_drive : public asio::execution_context::service {
       if (ask) engaged_.store(true, std::memory_order_relaxed);
       if (!started || ask) {
         lock.unlock();
+        // The park asked for is posted even where start() throws: else
+        // engaged_ would stay set, and no later call would ask again.
+        struct post_park {
+          io_drive& d;
+          bool ask;
+          ~post_park() {
+            if (ask) asio::post(d.io(), [&d = d] { d.park(); });
+          }
+        } on_exit{*this, ask};
         if (!started) start();
-        if (ask) asio::post(io(), [this] { park(); });
         lock.lock();
         started = true;
         continue;
