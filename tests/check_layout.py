@@ -2,12 +2,12 @@
 """The layout rules of include/dcomm, checked (docs/design.md, "Floors").
 
 1. Floors: a header includes only headers of its own floor or a lower one.
-2. Components (tcp/, nccl/, store/, launch/, ...) do not include each other's
+2. Components (cpu/, nccl/, store/, launch/, ...) do not include each other's
    internals, except where ALLOWED_CROSSINGS says so.
 3. Size: no header over MAX_LINES unless its first comment block says why
    (a line starting with "// Size:").
 4. Every collective of the CPU backend's tuning table has its algorithm in
-   tcp/algorithms/<op>.hpp (the _v forms beside their base op).
+   cpu/algorithms/<op>.hpp (the _v forms beside their base op).
 5. A user of communicator.hpp or gradient_bucketer.hpp compiles no store,
    rendezvous, init_method or backend: LEAN says what each may not reach,
    through any chain of includes.
@@ -31,8 +31,8 @@ FLOORS = [
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
     # A backend's member bodies (Asio's impl/ style) are on the backend's floor.
-    (3, 'dcomm/nccl/impl/'), (3, 'dcomm/tcp/impl/'), (3, 'dcomm/mpi/impl/'),
-    (2, 'dcomm/tcp/'), (2, 'dcomm/nccl/'), (2, 'dcomm/mpi/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
+    (3, 'dcomm/nccl/impl/'), (3, 'dcomm/mpi/impl/'),
+    (2, 'dcomm/cpu/'), (2, 'dcomm/nccl/'), (2, 'dcomm/mpi/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
     (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/mpi.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
@@ -41,18 +41,18 @@ FLOORS = [
     (6, 'dcomm/dcomm.hpp'),
 ]
 
-COMPONENTS = ['dcomm/tcp/', 'dcomm/nccl/', 'dcomm/mpi/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
+COMPONENTS = ['dcomm/cpu/', 'dcomm/nccl/', 'dcomm/mpi/', 'dcomm/store/', 'dcomm/launch/', 'dcomm/init/',
               'dcomm/shm/', 'dcomm/trace/', 'dcomm/rpc/']
 # Component -> headers (or folders, ending in '/') of others it may include (the mesh finds its
 # peers through the store; the transport's links to ranks of its host are
 # shared memory; the host's ranks find their segment through the store).
-ALLOWED_CROSSINGS = {'dcomm/tcp/': ['dcomm/store/store.hpp', 'dcomm/shm/'],
+ALLOWED_CROSSINGS = {'dcomm/cpu/': ['dcomm/store/store.hpp', 'dcomm/shm/'],
                      'dcomm/shm/': ['dcomm/store/store.hpp']}
 
 
 LEAN = {
     'dcomm/communicator.hpp': ['dcomm/store/', 'dcomm/rendezvous.hpp', 'dcomm/init_method.hpp',
-                               'dcomm/init/', 'dcomm/tcp/', 'dcomm/nccl/', 'dcomm/launch/'],
+                               'dcomm/init/', 'dcomm/cpu/', 'dcomm/nccl/', 'dcomm/launch/'],
 }
 LEAN['dcomm/gradient_bucketer.hpp'] = LEAN['dcomm/communicator.hpp']
 
@@ -108,11 +108,11 @@ def main(root):
             if c and tc and c != tc and not any(
                     target == a or (a.endswith('/') and target.startswith(a)) for a in allowed):
                 breaches.append(f'{h} reaches into another component: {target}')
-    tuning = (inc / 'dcomm/tcp/tuning.hpp').read_text()
+    tuning = (inc / 'dcomm/cpu/tuning.hpp').read_text()
     for op in sorted(set(re.findall(r'\{coll_op::(\w+),', tuning))):
         base = re.sub(r'_v$', '', op)
-        if not (inc / f'dcomm/tcp/algorithms/{base}.hpp').exists():
-            breaches.append(f'tcp collective {op}: no tcp/algorithms/{base}.hpp')
+        if not (inc / f'dcomm/cpu/algorithms/{base}.hpp').exists():
+            breaches.append(f'cpu collective {op}: no cpu/algorithms/{base}.hpp')
     for header, banned in LEAN.items():
         for t in sorted(reach(inc, header)):
             if any(t == b or (b.endswith('/') and t.startswith(b)) for b in banned):

@@ -1,11 +1,11 @@
 // The CPU backend: ranks of one host talk through shared memory, ranks of different hosts
 // over TCP (a full mesh of authenticated sockets, one per pair of ranks, shared by every
 // group); framed messages matched by group, tag or sequence number. Use it through
-// communicator<cpu_backend> (communicator.hpp). Its parts are in tcp/ (the links and the
-// algorithms) and shm/ (the host's segment): the start (tcp/connect.hpp), the choice of
-// algorithm (tcp/tuning.hpp), the algorithms (tcp/algorithms/), the staging of CUDA tensors
-// (tcp/staging.hpp), one call in progress (tcp/call.hpp) and the transport under it all
-// (tcp/transport.hpp). dcomm/tcp_backend.hpp keeps the name tcp_backend as an alias.
+// communicator<cpu_backend> (communicator.hpp). Its parts are in cpu/ (the links and the
+// algorithms) and shm/ (the host's segment): the start (cpu/startup/connect.hpp), the choice of
+// algorithm (cpu/tuning.hpp), the algorithms (cpu/algorithms/), the staging of CUDA tensors
+// (cpu/staging.hpp), one call in progress (cpu/call.hpp) and the transport under it all
+// (cpu/transport/transport.hpp). dcomm/tcp_backend.hpp keeps the name tcp_backend as an alias.
 #pragma once
 
 #include <algorithm>
@@ -23,23 +23,23 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/detail/device_memory.hpp"
 #include "dcomm/store/store.hpp"
-#include "dcomm/tcp/algorithms/all_gather.hpp"
-#include "dcomm/tcp/algorithms/all_reduce.hpp"
-#include "dcomm/tcp/algorithms/all_to_all.hpp"
-#include "dcomm/tcp/algorithms/barrier.hpp"
-#include "dcomm/tcp/algorithms/broadcast.hpp"
-#include "dcomm/tcp/algorithms/gather.hpp"
-#include "dcomm/tcp/algorithms/hierarchical.hpp"
-#include "dcomm/tcp/algorithms/reduce.hpp"
-#include "dcomm/tcp/algorithms/reduce_scatter.hpp"
-#include "dcomm/tcp/algorithms/scatter.hpp"
-#include "dcomm/tcp/algorithms/shared_memory.hpp"
-#include "dcomm/tcp/backend_options.hpp"
-#include "dcomm/tcp/call.hpp"
-#include "dcomm/tcp/connect.hpp"
-#include "dcomm/tcp/staging.hpp"
-#include "dcomm/tcp/transport.hpp"
-#include "dcomm/tcp/tuning.hpp"
+#include "dcomm/cpu/algorithms/all_gather.hpp"
+#include "dcomm/cpu/algorithms/all_reduce.hpp"
+#include "dcomm/cpu/algorithms/all_to_all.hpp"
+#include "dcomm/cpu/algorithms/barrier.hpp"
+#include "dcomm/cpu/algorithms/broadcast.hpp"
+#include "dcomm/cpu/algorithms/gather.hpp"
+#include "dcomm/cpu/algorithms/hierarchical.hpp"
+#include "dcomm/cpu/algorithms/reduce.hpp"
+#include "dcomm/cpu/algorithms/reduce_scatter.hpp"
+#include "dcomm/cpu/algorithms/scatter.hpp"
+#include "dcomm/cpu/algorithms/shared_memory.hpp"
+#include "dcomm/cpu/backend_options.hpp"
+#include "dcomm/cpu/call.hpp"
+#include "dcomm/cpu/startup/connect.hpp"
+#include "dcomm/cpu/staging.hpp"
+#include "dcomm/cpu/transport/transport.hpp"
+#include "dcomm/cpu/tuning.hpp"
 
 namespace dcomm {
 
@@ -50,8 +50,8 @@ class cpu_backend {
   static constexpr bool supports_bitwise_reduce = true;
   static constexpr bool supports_streams = false;
 
-  // Per-backend options (tcp/backend_options.hpp has each one's meaning).
-  using options = tcp::backend_options;
+  // Per-backend options (cpu/backend_options.hpp has each one's meaning).
+  using options = cpu::backend_options;
 
   // Connects to every peer through the store. Runs on (and stays on) the
   // executor it is awaited from, which must be a strand or a one-thread
@@ -60,19 +60,19 @@ class cpu_backend {
       std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
       options o, detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
-    auto overrides = tcp::parse_algorithm_overrides(o.algorithms);
+    auto overrides = cpu::parse_algorithm_overrides(o.algorithms);
     const std::string bind = o.bind_host.str();
-    tcp::mesh_options mesh{
+    cpu::mesh_options mesh{
         .purpose = "tcp_backend",  // the handshake's name for this mesh
         .job_token = std::move(job_token),
         .bind_host = bind,
-        .advertise_host = tcp::advertised_address(ex, o.advertise_host.str(), bind, store_host)};
+        .advertise_host = cpu::advertised_address(ex, o.advertise_host.str(), bind, store_host)};
     std::string address = mesh.advertise_host;
-    const tcp::shm_options shm{
-        .links = tcp::parse_link_choice(o.transport),
-        .sizes = tcp::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
+    const cpu::shm_options shm{
+        .links = cpu::parse_link_choice(o.transport),
+        .sizes = cpu::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
         .host_id = o.host_id.str()};
-    auto net = co_await tcp::connect_transport(std::move(s), rank, world, std::move(mesh),
+    auto net = co_await cpu::connect_transport(std::move(s), rank, world, std::move(mesh),
                                                {.eager_limit = o.eager_limit,
                                                 .shm_spin = o.shm_spin,
                                                 .shm_single_copy = o.shm_single_copy},
@@ -159,7 +159,7 @@ class cpu_backend {
   // Refuses, before the call takes a sequence number, an algorithm the
   // operation does not have.
   static void check_algorithm(std::string_view operation, algorithm a) {
-    if (auto why = tcp::refuse_algorithm(operation, a); !why.empty())
+    if (auto why = cpu::refuse_algorithm(operation, a); !why.empty())
       throw_error(errc::invalid_argument, {.operation = std::string(operation), .detail = why});
   }
 
@@ -185,66 +185,66 @@ class cpu_backend {
       // One message; its data goes as the slices reach the host. It is
       // announced before anything is awaited: a later send with the same
       // tag must not overtake it.
-      tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
-      tcp::io_item* message = nullptr;
+      cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+      cpu::io_item* message = nullptr;
       co_await staging_.sliced_call(
           c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index, "send",
           [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
-          [&](const tcp::slice& s) -> detail::task<void> {
+          [&](const cpu::slice& s) -> detail::task<void> {
             c.ready(*message, s.end);
             co_return;
           });
       co_return;
     }
-    if (tcp::staging::needed(in)) {
+    if (cpu::staging::needed(in)) {
       co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
       co_return;
     }
-    tcp::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+    cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
     co_await c.run([&] { c.send(peer, 0, in.data, in.bytes()); });
   }
   DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (staging_.sliced(out)) {
       // Each slice goes to the device as soon as it has arrived.
-      tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
-      tcp::io_item* message = nullptr;
+      cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+      cpu::io_item* message = nullptr;
       co_await staging_.sliced_call(
           c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index, "recv",
           [&](char* host, std::size_t slice_bytes) {
             message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
           },
-          [&](const tcp::slice& s) -> detail::task<void> {
+          [&](const cpu::slice& s) -> detail::task<void> {
             co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
           });
       co_return;
     }
-    if (tcp::staging::needed(out)) {
+    if (cpu::staging::needed(out)) {
       co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
       co_return;
     }
-    tcp::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+    cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
     co_await c.run([&] { c.recv(peer, 0, out.data, out.bytes()); });
   }
 
   // --- collectives ---
   // Each runs a CUDA tensor slice by slice where it can (send, recv,
   // broadcast, reduce, all_reduce), else staged whole around the host form
-  // of itself (tcp/staging.hpp); the host form chooses its algorithm from
-  // tcp/tuning.hpp's table and runs it from tcp/algorithms/<op>.hpp.
+  // of itself (cpu/staging.hpp); the host form chooses its algorithm from
+  // cpu/tuning.hpp's table and runs it from cpu/algorithms/<op>.hpp.
   DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
     const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
     if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
       // Three coroutine frames fewer where every rank arrives within one spin.
-      tcp::arena_call a(c);
-      if (!c.at_once([&] { return tcp::shm_barrier_at_once(a); }))
-        co_await c.run([&] { return tcp::shm_barrier(a); });
+      cpu::arena_call a(c);
+      if (!c.at_once([&] { return cpu::shm_barrier_at_once(a); }))
+        co_await c.run([&] { return cpu::shm_barrier(a); });
       co_return;
     }
     co_await c.run([&] {
       if (choose(c, coll_op::barrier) == algorithm::hierarchical)
-        return tcp::hierarchical_barrier(c, c.hosts());
-      return tcp::dissemination_barrier(c);
+        return cpu::hierarchical_barrier(c, c.hosts());
+      return cpu::dissemination_barrier(c);
     });
   }
 
@@ -254,30 +254,30 @@ class cpu_backend {
                                                  bool staged = false) {
     const bool is_root = ctx.group->rank == root;
     if (staging_.sliced(buf) && ctx.group->size() > 1) {
-      const tcp::slice_plan plan = staging_.plan(buf);
-      tcp::call c(
+      const cpu::slice_plan plan = staging_.plan(buf);
+      cpu::call c(
           *net_, ctx, true,
           sig(ctx, coll_op::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices),
           "broadcast");
       co_await staging_.sliced_call(c, ctx.deadline, plan, is_root ? buf.data : nullptr,
                                     is_root ? nullptr : buf.data, buf.device.index, "broadcast",
-                                    tcp::staging::no_start,
-                                    [&](const tcp::slice& s) -> detail::task<void> {
+                                    cpu::staging::no_start,
+                                    [&](const cpu::slice& s) -> detail::task<void> {
                                       co_await broadcast_on(c, s.host, s.bytes(), root);
                                     });
       co_return;
     }
-    if (tcp::staging::needed(buf)) {
+    if (cpu::staging::needed(buf)) {
       co_await staging_.whole({}, buf, {.initial = is_root},
                               [&](auto, auto b) { return broadcast(ctx, b, root, true); });
       co_return;
     }
     const bool arena = !staged && via_arena(ctx, coll_op::broadcast, "broadcast");
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
                 "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (arena)
-        co_await tcp::shm_broadcast(c, buf.data, buf.bytes(), root);
+        co_await cpu::shm_broadcast(c, buf.data, buf.bytes(), root);
       else if (c.size() > 1)
         co_await broadcast_on(c, buf.data, buf.bytes(), root);
     });
@@ -287,8 +287,8 @@ class cpu_backend {
                                               reducer op, int root, bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
-      const tcp::slice_plan plan = staging_.plan(in);
-      tcp::call c(*net_, ctx, true,
+      const cpu::slice_plan plan = staging_.plan(in);
+      cpu::call c(*net_, ctx, true,
                   sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op, plan.slices),
                   "reduce");
       // In place on a slice of the block: the result goes back to the
@@ -297,12 +297,12 @@ class cpu_backend {
       const bool back = ctx.group->rank == root || in_place;
       co_await staging_.sliced_call(
           c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index, "reduce",
-          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+          cpu::staging::no_start, [&](const cpu::slice& s) -> detail::task<void> {
             co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
           });
       co_return;
     }
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
                               [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
       co_return;
@@ -310,13 +310,13 @@ class cpu_backend {
     // The arena's reduce is its root's work alone: above arena_reduce_limit
     // the messages' algorithms are faster, unless a call asks for the arena.
     const bool small =
-        in.bytes() <= tcp::arena_reduce_limit ||
-        tcp::requested(coll_op::reduce, ctx.algorithm, overrides_) == algorithm::shared_memory;
+        in.bytes() <= cpu::arena_reduce_limit ||
+        cpu::requested(coll_op::reduce, ctx.algorithm, overrides_) == algorithm::shared_memory;
     const bool arena = !staged && small && via_arena(ctx, coll_op::reduce, "reduce");
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
                 "reduce");
     co_await c.run([&] {
-      if (arena) return tcp::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
+      if (arena) return cpu::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
       return reduce_on(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
@@ -326,30 +326,30 @@ class cpu_backend {
                                                   bool staged = false) {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
-      const tcp::slice_plan plan = staging_.plan(out);
-      tcp::call c(*net_, ctx, true,
+      const cpu::slice_plan plan = staging_.plan(out);
+      cpu::call c(*net_, ctx, true,
                   sig(ctx, coll_op::all_reduce, false, out.type, out.count, -1, &op, plan.slices),
                   "all_reduce");
       co_await staging_.sliced_call(
           c, ctx.deadline, plan, in.data, out.data, out.device.index, "all_reduce",
-          tcp::staging::no_start, [&](const tcp::slice& s) -> detail::task<void> {
+          cpu::staging::no_start, [&](const cpu::slice& s) -> detail::task<void> {
             co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
           });
       co_return;
     }
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.in_place = in_place},
                               [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
       co_return;
     }
     const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
-    tcp::call c(*net_, ctx, true,
+    cpu::call c(*net_, ctx, true,
                 sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
     if (arena && !c.state().failure) {  // as barrier's
-      tcp::arena_call a(c);
+      cpu::arena_call a(c);
       const std::size_t n = out.count, es = size_of(out.type);
-      if (!c.at_once([&] { return tcp::shm_all_reduce_at_once(a, in.data, out.data, n, es, op); }))
-        co_await c.run([&] { return tcp::shm_all_reduce(c, a, in.data, out.data, n, es, op); });
+      if (!c.at_once([&] { return cpu::shm_all_reduce_at_once(a, in.data, out.data, n, es, op); }))
+        co_await c.run([&] { return cpu::shm_all_reduce(c, a, in.data, out.data, n, es, op); });
       co_return;
     }
     co_await c.run([&] { return all_reduce_on(c, in.data, out.data, out.count, out.type, op); });
@@ -358,73 +358,73 @@ class cpu_backend {
   // in: n blocks (root only); out: one block.
   DCOMM_EMIT_ON_USE detail::task<void> scatter(op_context ctx, const_tensor_view in,
                                                tensor_view out, int root) {
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return scatter(ctx, i, o, root); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
                 "scatter");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::scatter);
-      co_await tcp::direct_scatter(c, in.data, out.data, out.bytes(), root);
+      co_await cpu::direct_scatter(c, in.data, out.data, out.bytes(), root);
     });
   }
 
   // in: one block; out: n blocks (root only).
   DCOMM_EMIT_ON_USE detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out,
                                               int root) {
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
                               [&](auto i, auto o) { return gather(ctx, i, o, root); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
                 "gather");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::gather);
-      co_await tcp::direct_gather(c, in.data, out.data, in.bytes(), root);
+      co_await cpu::direct_gather(c, in.data, out.data, in.bytes(), root);
     });
   }
 
   DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
                                                   tensor_view out, bool staged = false) {
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
       co_return;
     }
     const bool arena = !staged && via_arena(ctx, coll_op::all_gather, "all_gather");
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
                 "all_gather");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(in.type);
       if (arena)
-        co_await tcp::shm_all_gather(c, in.data, out.data, in.bytes());
+        co_await cpu::shm_all_gather(c, in.data, out.data, in.bytes());
       else if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
-        co_await tcp::direct_all_gather(c, in.data, out.data, in.count, es);
+        co_await cpu::direct_all_gather(c, in.data, out.data, in.count, es);
       else
-        co_await tcp::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
+        co_await cpu::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
     });
   }
 
   // in: n blocks; out: one block (may be in's block r).
   DCOMM_EMIT_ON_USE detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in,
                                                       tensor_view out, reducer op) {
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {},
                               [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
       co_return;
     }
-    tcp::call c(*net_, ctx, true,
+    cpu::call c(*net_, ctx, true,
                 sig(ctx, coll_op::reduce_scatter, false, out.type, out.count, -1, &op),
                 "reduce_scatter");
     co_await c.run([&]() -> detail::task<void> {
       const std::size_t es = size_of(out.type);
       if (choose(c, coll_op::reduce_scatter, {.bytes = in.bytes()}) == algorithm::direct)
-        co_await tcp::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
+        co_await cpu::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
       else
-        co_await tcp::ring_reduce_scatter(c, in.data, out.data, out.count, es, op, o_.chunk_bytes);
+        co_await cpu::ring_reduce_scatter(c, in.data, out.data, out.count, es, op, o_.chunk_bytes);
     });
   }
 
@@ -432,31 +432,31 @@ class cpu_backend {
   // out, stages them apart; the communicator copies host tensors apart).
   DCOMM_EMIT_ON_USE detail::task<void> all_to_all(op_context ctx, const_tensor_view in,
                                                   tensor_view out) {
-    if (tcp::staging::needed(in, out)) {
+    if (cpu::staging::needed(in, out)) {
       co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
       co_return;
     }
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
                 "all_to_all");
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all);
-      co_await tcp::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
+      co_await cpu::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
     });
   }
 
   DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
                                                                         const_tensor_view in,
                                                                         output_allocator alloc) {
-    if (tcp::staging::needed(in))
+    if (cpu::staging::needed(in))
       co_return co_await staging_.whole(
           in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
                 "all_gather_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_gather_v);
-      counts = co_await tcp::direct_all_gather_v(c, in, alloc);
+      counts = co_await cpu::direct_all_gather_v(c, in, alloc);
     });
     co_return counts;
   }
@@ -464,16 +464,16 @@ class cpu_backend {
   DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_to_all_v(
       op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
       output_allocator alloc) {
-    if (tcp::staging::needed(in))
+    if (cpu::staging::needed(in))
       co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
         return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
       });
-    tcp::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, false, in.type, 0),
+    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, false, in.type, 0),
                 "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       choose(c, coll_op::all_to_all_v);
-      counts = co_await tcp::direct_all_to_all_v(c, in, send_counts, alloc);
+      counts = co_await cpu::direct_all_to_all_v(c, in, send_counts, alloc);
     });
     co_return counts;
   }
@@ -481,9 +481,9 @@ class cpu_backend {
   const options& settings() const { return o_; }
 
  private:
-  using coll_op = tcp::coll_op;
+  using coll_op = cpu::coll_op;
 
-  cpu_backend(asio::any_io_executor ex, std::shared_ptr<tcp::transport> net, options o,
+  cpu_backend(asio::any_io_executor ex, std::shared_ptr<cpu::transport> net, options o,
               std::map<coll_op, algorithm> overrides)
       : ex_(std::move(ex)),
         net_(std::move(net)),
@@ -491,12 +491,12 @@ class cpu_backend {
         overrides_(std::move(overrides)),
         staging_(ex_, o_.staging_slice, net_->rank()) {}
 
-  static tcp::call_signature p2p_sig(dtype t, std::size_t count) {
+  static cpu::call_signature p2p_sig(dtype t, std::size_t count) {
     return {.op = coll_op::p2p, .type = t, .count = count};
   }
   // `arena`: the call runs in its group's arena; `slices`: of a CUDA tensor
   // staged slice by slice (0: not sliced).
-  tcp::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
+  cpu::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
                           std::size_t count = 0, int root = -1, const reducer* r = nullptr,
                           std::size_t slices = 0) const {
     return {.op = op,
@@ -506,9 +506,9 @@ class cpu_backend {
             .root = root,
             .count = count,
             .slices = static_cast<std::uint32_t>(slices),
-            .algo = tcp::requested(op, ctx.algorithm, overrides_),
+            .algo = cpu::requested(op, ctx.algorithm, overrides_),
             .confirmed =
-                static_cast<std::uint8_t>(o_.confirm_rooted && tcp::needs_confirmation(op) ? 1 : 0),
+                static_cast<std::uint8_t>(o_.confirm_rooted && cpu::needs_confirmation(op) ? 1 : 0),
             .arena = static_cast<std::uint8_t>(arena ? 1 : 0)};
   }
 
@@ -520,8 +520,8 @@ class cpu_backend {
   // Whatever the size: measured faster than the links at every size
   // (docs/communicator.md).
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
-    if (!tcp::algorithms_of(op).shared_memory) return false;
-    const algorithm asked = tcp::requested(op, ctx.algorithm, overrides_);
+    if (!cpu::algorithms_of(op).shared_memory) return false;
+    const algorithm asked = cpu::requested(op, ctx.algorithm, overrides_);
     if (asked == algorithm::automatic) return net_->arena_serves(*ctx.group);
     if (asked != algorithm::shared_memory) return false;
     if (net_->arena_serves(*ctx.group)) return true;
@@ -535,63 +535,63 @@ class cpu_backend {
                            " group arenas, which the first groups made claim"});
   }
 
-  // The algorithm this call runs (tcp::choose: the one its signature asks
+  // The algorithm this call runs (cpu::choose: the one its signature asks
   // for, else the table's by `size`). One the op does not have fails the
   // call; the front end refused it before, by the operation's name.
-  algorithm choose(tcp::call& c, coll_op op, tcp::call_size size = {}) const {
+  algorithm choose(cpu::call& c, coll_op op, cpu::call_size size = {}) const {
     const algorithm asked = c.signature().algo;
-    const bool across_hosts = tcp::algorithms_of(op).hierarchical && c.hosts().spans();
-    if (auto a = tcp::choose(op, asked, size, c.size(), o_, across_hosts)) {
+    const bool across_hosts = cpu::algorithms_of(op).hierarchical && c.hosts().spans();
+    if (auto a = cpu::choose(op, asked, size, c.size(), o_, across_hosts)) {
       c.ran(*a);
       return *a;
     }
-    c.invalid(tcp::refuse_algorithm(tcp::name(op), asked));
+    c.invalid(cpu::refuse_algorithm(cpu::name(op), asked));
   }
   // The host algorithms of the element-wise collectives, on whole buffers
   // or on one slice of a staged CUDA tensor.
-  DCOMM_EMIT_ON_USE detail::task<void> broadcast_on(tcp::call& c, void* data, std::size_t bytes,
+  DCOMM_EMIT_ON_USE detail::task<void> broadcast_on(cpu::call& c, void* data, std::size_t bytes,
                                                     int root) {
     const algorithm a = choose(c, coll_op::broadcast, {.bytes = bytes});
     if (a == algorithm::hierarchical)
-      co_await tcp::hierarchical_broadcast(c, c.hosts(), data, bytes, root,
-                                           tcp::hierarchy_tuning_of(o_));
+      co_await cpu::hierarchical_broadcast(c, c.hosts(), data, bytes, root,
+                                           cpu::hierarchy_tuning_of(o_));
     else if (a == algorithm::binomial_tree)
-      co_await tcp::binomial_broadcast(c, data, bytes, root);
+      co_await cpu::binomial_broadcast(c, data, bytes, root);
     else
-      co_await tcp::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
+      co_await cpu::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
   }
-  DCOMM_EMIT_ON_USE detail::task<void> reduce_on(tcp::call& c, const void* in, void* out,
+  DCOMM_EMIT_ON_USE detail::task<void> reduce_on(cpu::call& c, const void* in, void* out,
                                                  std::size_t count, dtype type, const reducer& op,
                                                  int root) {
     const std::size_t es = size_of(type);
     if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
         algorithm::binomial_tree)
-      co_await tcp::binomial_reduce(c, in, out, count, es, op, root);
+      co_await cpu::binomial_reduce(c, in, out, count, es, op, root);
     else
-      co_await tcp::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
+      co_await cpu::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
   }
-  DCOMM_EMIT_ON_USE detail::task<void> all_reduce_on(tcp::call& c, const void* in, void* out,
+  DCOMM_EMIT_ON_USE detail::task<void> all_reduce_on(cpu::call& c, const void* in, void* out,
                                                      std::size_t count, dtype type,
                                                      const reducer& op) {
     const std::size_t es = size_of(type);
     const bool in_place = in == out;
     const algorithm a = choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count});
     if (a == algorithm::hierarchical) {
-      co_await tcp::hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op,
-                                            tcp::hierarchy_tuning_of(o_));
+      co_await cpu::hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op,
+                                            cpu::hierarchy_tuning_of(o_));
     } else if (a == algorithm::recursive_doubling) {
       if (!in_place && count) std::memcpy(out, in, count * es);
-      co_await tcp::recursive_doubling_all_reduce(c, out, count, es, op);
+      co_await cpu::recursive_doubling_all_reduce(c, out, count, es, op);
     } else {
-      co_await tcp::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op, o_.chunk_bytes);
+      co_await cpu::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op, o_.chunk_bytes);
     }
   }
 
   asio::any_io_executor ex_;
-  std::shared_ptr<tcp::transport> net_;
+  std::shared_ptr<cpu::transport> net_;
   options o_;
   std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
-  tcp::staging staging_;                    // of CUDA tensors
+  cpu::staging staging_;                    // of CUDA tensors
   std::string address_;                     // the one its peers were given
 };
 

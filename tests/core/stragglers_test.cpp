@@ -18,7 +18,7 @@
 #include "dcomm/communicator.hpp"
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/detail/arrivals.hpp"
-#include "dcomm/tcp/locality.hpp"
+#include "dcomm/cpu/startup/locality.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
 
@@ -214,11 +214,11 @@ TEST_SUITE("stragglers") {
     CHECK(dcomm::detail::stamp_of(arrivals{}).last_rank == -1);
     CHECK_FALSE(dcomm::detail::arrivals_of({}).known());
     // Two boots: moved by the difference of (wall - steady); one boot: not.
-    using dcomm::tcp::clock_offset;
+    using dcomm::cpu::clock_offset;
     CHECK(clock_offset("boot-a 5000", "boot-a 1000") == 0);
     CHECK(clock_offset("boot-b 5000", "boot-a 1000") == 4000);
     CHECK(clock_offset("boot-b -300", "boot-a 200") == -500);
     CHECK(clock_offset("", "boot-a 200") == 0);
-    CHECK(contains(dcomm::tcp::clock_to_publish(), " "));
+    CHECK(contains(dcomm::cpu::clock_to_publish(), " "));
   }
 }

@@ -711,7 +711,7 @@ TEST_SUITE("trace analyzer") {
   }
 }
 
-// Which address a rank advertises (tcp/interfaces.hpp), in a network
+// Which address a rank advertises (cpu/startup/interfaces.hpp), in a network
 // namespace of its own (`unshare -n`: root) with veth pairs: dca0
 // 10.71.0.1, dcb0 10.72.0.1 and fd72::1, dcc0 fd73::1 only. The ranks link
 // over TCP (DCOMM_TRANSPORT=tcp) to the address each advertised, which

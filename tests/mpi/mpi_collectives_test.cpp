@@ -1,5 +1,5 @@
 // The collective suite's cases (support/collective_cases.hpp, the same
-// expectations as the CPU backend's tests/tcp/tcp_collectives_test.cpp) on
+// expectations as the CPU backend's tests/cpu/collectives_test.cpp) on
 // the MPI backend, under the real mpirun with worlds 1, 3 and 4: every
 // collective, every dtype, counts 0, 1, 7, world-1, 1001 and large ones,
 // in place and out of place, functors, runtime-typed views and objects;

@@ -2,7 +2,7 @@
 // (the mapping of dtypes, reduce ops and NCCL's errors, the choice of
 // device, a clean refusal without a device) and a world of one for every
 // operation where a GPU is present (NCCL refuses two ranks on one GPU, and
-// the machines lent here have one). "tcp cuda": CUDA tensors over the tcp
+// the machines lent here have one). "cpu cuda": CUDA tensors over the tcp
 // backend, staged through pinned host memory, several ranks sharing the GPU.
 // The cases that need a GPU say "skipped: no CUDA device" otherwise.
 #include <doctest/doctest.h>
@@ -101,7 +101,7 @@ std::string world_of_one(Body body, std::chrono::milliseconds timeout = std::chr
 
 }  // namespace
 
-TEST_SUITE("tcp cuda") {
+TEST_SUITE("cpu cuda") {
   TEST_CASE(
       "with dcomm/cuda.hpp the CPU backend takes CUDA tensors; a failed copy is device_error") {
     DCOMM_TEST_DEADLINE(120s);

@@ -1,4 +1,4 @@
-// The shared memory links of the CPU backend (tcp/shm_links.hpp, shm/):
+// The shared memory links of the CPU backend (cpu/transport/impl/shm_links.hpp, shm/):
 // which peers get them, what a killed rank leaves behind, the doorbell and
 // the handover, the arenas (the host's and the groups'), large messages and
 // all_reduces in one copy. The collective and point-to-point suites run
@@ -472,7 +472,7 @@ TEST_SUITE("shared memory") {
     DCOMM_TEST_DEADLINE(180s);
     // 32 MiB goes through the slots in steps; 8 MiB in one copy, the
     // others reading the dying rank's buffers, where each rank has a core
-    // (tcp/algorithms/shared_memory.hpp): 2 ranks on this machine's 2.
+    // (cpu/algorithms/shared_memory.hpp): 2 ranks on this machine's 2.
     struct variant {
       std::size_t count;
       int world, dead;

@@ -3,7 +3,7 @@
 // of place, counts 0, 1, 7, world-1 and a large count not divisible by the
 // world. Inputs are small integers, exact in every dtype, so results are
 // compared exactly. Run by the CPU backend's suite
-// (tests/tcp/tcp_collectives_test.cpp, in thread worlds) and the MPI
+// (tests/cpu/collectives_test.cpp, in thread worlds) and the MPI
 // backend's (tests/mpi/mpi_collectives_test.cpp, under mpirun): one set of
 // expectations for every backend.
 #pragma once

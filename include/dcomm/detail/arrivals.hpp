@@ -2,7 +2,7 @@
 // heard: the first and the last call's times and who made the last. What
 // finds a straggler (trace/op_stats.hpp) without an extra round: each
 // message of a call carries what its sender knew when it sent it (the
-// frame header, tcp/wire_format.hpp; a record of the arena, shm/arena.hpp),
+// frame header, cpu/wire_format.hpp; a record of the arena, shm/arena.hpp),
 // and each rank merges what it receives. A call whose result needs every
 // rank's input (all_reduce, all_gather, barrier, ...; the rooted ones by
 // their confirmation) hears, through that chain, of every rank's call.
@@ -10,7 +10,7 @@
 // Times are on the receiving rank's steady clock: a stamp from a rank of
 // another boot is moved by the difference of the two ranks' (wall clock -
 // steady clock), read at start-up and exchanged through the store
-// (tcp/locality.hpp). Ranks of one boot share the steady clock exactly;
+// (cpu/startup/locality.hpp). Ranks of one boot share the steady clock exactly;
 // others are as close as their wall clocks (NTP: about a millisecond).
 #pragma once
 

@@ -25,14 +25,14 @@
 //   and the backend matches (group, peer, tag) first in, first out.
 //
 // - Step. Inside one call, which message of the algorithm; the backend
-//   chooses it (tcp: tcp/call.hpp, algorithm steps, slices, and the rooted
-//   operations' confirmation at tcp::confirmation_step and above).
+//   chooses it (tcp: cpu/call.hpp, algorithm steps, slices, and the rooted
+//   operations' confirmation at cpu::confirmation_step and above).
 //
 // - Signature. What the call was called with (operation, dtype, count, reduce
 //   op, root, algorithm, slices), in the backend's terms (tcp:
-//   tcp::call_signature in tcp/wire_format.hpp, carried by every message).
+//   cpu::call_signature in cpu/wire_format.hpp, carried by every message).
 //   Ranks whose calls under the same (group, sequence number) differ fail
-//   with errc::mismatch instead of mixing data (tcp/call.hpp says why every
+//   with errc::mismatch instead of mixing data (cpu/call.hpp says why every
 //   mismatch is caught before any rank completes).
 //
 // The backend receives the first two in op_context (group, seq) and keeps

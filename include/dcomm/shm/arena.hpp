@@ -1,6 +1,6 @@
 // An arena: a part of the shared memory segment (shm/segment.hpp) where the
 // collectives of a group whose ranks all live on this host meet
-// (tcp/algorithms/shared_memory.hpp), instead of passing messages.
+// (cpu/algorithms/shared_memory.hpp), instead of passing messages.
 //
 // Each local rank owns two records, used in turn, one per step of an
 // operation. A record is a header and a data slot: the rank copies its
@@ -20,7 +20,7 @@
 // failed call breaks the rule above (a rank left a step without seeing the
 // others there), so each rank also says which calls it has left: the next
 // call's first write waits until the others are done with what it
-// overwrites (tcp/shm_arena.hpp).
+// overwrites (cpu/algorithms/shm_arena.hpp).
 //
 // The segment has the host's arena, where the world group meets when every
 // rank is on this host, and group_arenas more, each a group's own: a group

@@ -1,6 +1,6 @@
 // A rank's two rings with one peer on its host, seen as a byte stream each
 // way: what the TCP transport writes to a socket it writes here, and reads
-// from here what it would read from one (tcp/shm_links.hpp). Single
+// from here what it would read from one (cpu/transport/impl/shm_links.hpp). Single
 // producer, single consumer, no locks: the writer owns `head`, the reader
 // `tail`, and a byte is the reader's once `head` says so (release/acquire).
 //

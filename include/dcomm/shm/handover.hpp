@@ -2,7 +2,7 @@
 // lowest of them makes it, listens on an abstract unix socket whose random
 // name it publishes through the store, and hands the memfd and the
 // doorbells' eventfds to each of the others (SCM_RIGHTS), which map them
-// before they connect their mesh (tcp/connect.hpp).
+// before they connect their mesh (cpu/startup/connect.hpp).
 // Abstract sockets vanish with their process and need no file, so a job
 // killed at any moment leaves nothing behind. A connection from a process
 // of another user, or one that does not say which expected rank it is, is

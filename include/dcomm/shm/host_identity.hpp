@@ -1,6 +1,6 @@
 // Which host a rank runs on, as shared memory sees it: two ranks may share
 // a segment when their identities are equal. Published through the store
-// at start-up (tcp/locality.hpp), never guessed from LOCAL_WORLD_SIZE or
+// at start-up (cpu/startup/locality.hpp), never guessed from LOCAL_WORLD_SIZE or
 // from addresses: containers and network namespaces on one machine would
 // fool both.
 #pragma once

@@ -75,7 +75,7 @@ inline bool is_reachable(const process_identity& id, const char* segment_base) {
 }
 
 // What a rank puts in its arena slot at the first step of an all_reduce
-// in one copy (tcp/algorithms/shared_memory.hpp): where its buffers are,
+// in one copy (cpu/algorithms/shared_memory.hpp): where its buffers are,
 // and whether it takes that path (it may read every other member's
 // memory, and the path is the faster one for it): the ranks take it only
 // where all of them do.

@@ -1,0 +1,236 @@
+// The hierarchical collectives of the CPU backend, for groups whose ranks
+// span hosts with several ranks on some (cpu/startup/hosts.hpp): most bytes move
+// inside a host, over shared memory, and few between hosts, over TCP. Each
+// phase runs one of the flat algorithms among some of the group's ranks
+// (call::view), on steps of its own.
+//   hierarchical_all_reduce, large messages and as many ranks on every
+//     host: reduce-scatter inside the host (ring), so that local rank i
+//     holds the host's sum of block i; all_reduce of block i among the
+//     ranks with local index i, one per host (every rank carries a stripe
+//     between hosts); all-gather inside the host (ring).
+//   hierarchical_all_reduce, otherwise: reduce to each host's leader (its
+//     lowest rank); all_reduce among the leaders; broadcast from the leader
+//     inside the host.
+//   hierarchical_broadcast, small messages: from the root inside its host
+//     (binomial tree); from its host's leader among the leaders; from each
+//     other leader inside its host. Large ones: one pipelined chain that
+//     goes through the root's host (from the root on), then through each
+//     following host in turn. Either way the buffer enters each other host
+//     once, whatever the root.
+//   hierarchical_barrier: each host's ranks report to their leader; the
+//     leaders run the dissemination barrier; each leader releases its
+//     host. Messages between hosts: the leaders' log2(hosts) rounds.
+// The phases combine without finishing (avg's division, premul_sum's
+// scaling); the result is finished once, with the group's size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "dcomm/reduce_op.hpp"
+#include "dcomm/cpu/algorithms/all_reduce.hpp"
+#include "dcomm/cpu/algorithms/barrier.hpp"
+#include "dcomm/cpu/algorithms/broadcast.hpp"
+#include "dcomm/cpu/algorithms/reduce.hpp"
+#include "dcomm/cpu/algorithms/ring.hpp"
+#include "dcomm/cpu/call.hpp"
+#include "dcomm/cpu/startup/hosts.hpp"
+
+namespace dcomm::cpu {
+
+// The sizes the phases choose their flat algorithm by (cpu_backend::options).
+struct hierarchy_tuning {
+  std::size_t small_all_reduce = 0;
+  std::size_t small_broadcast = 0;
+  std::size_t chunk_bytes = 0;
+};
+template <class Options>  // cpu_backend::options
+hierarchy_tuning hierarchy_tuning_of(const Options& o) {
+  return {.small_all_reduce = o.small_all_reduce,
+          .small_broadcast = o.small_broadcast,
+          .chunk_bytes = o.chunk_bytes};
+}
+
+// Steps of phase k of a hierarchical call (below a slice's 2^24).
+inline constexpr std::uint32_t hierarchy_phase_steps = 1u << 22;
+
+// Sets the call's view to the ranks in `members` (of which this rank is
+// `rank`) for phase `phase`, and back to the whole group when it goes.
+class phase_view {
+ public:
+  phase_view(call& c, const std::vector<int>& members, int rank, std::uint32_t phase) : c_(c) {
+    c_.set_view({.members = members.data(),
+                 .size = static_cast<int>(members.size()),
+                 .rank = rank,
+                 .step_offset = phase * hierarchy_phase_steps});
+  }
+  phase_view(const phase_view&) = delete;
+  phase_view& operator=(const phase_view&) = delete;
+  ~phase_view() { c_.set_view({}); }
+
+ private:
+  call& c_;
+};
+
+// `op` combining only: the finishing step (avg, premul_sum) left out.
+inline reducer combining_only(const reducer& op) {
+  reducer r = op;
+  if (detail::is_finished_sum(r.kind)) r.kind = reduce_kind::sum;
+  return r;
+}
+
+// In place on `buf`, among the view's ranks; not finished.
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
+                                                            std::size_t es, const reducer& partial,
+                                                            const hierarchy_tuning& t) {
+  if (c.size() <= 1) co_return;
+  if (count * es <= t.small_all_reduce || count < static_cast<std::size_t>(c.size()))
+    co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
+  else
+    co_await ring_all_reduce(c, nullptr, buf, count, es, partial, t.chunk_bytes);
+}
+
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(
+    call& c, const host_layout& h, const void* in, void* out, std::size_t count, std::size_t es,
+    const reducer& op, const hierarchy_tuning& t) {
+  const reducer partial = combining_only(op);
+  const std::size_t bytes = count * es;
+  const int local = static_cast<int>(h.local.size());
+  if (h.uniform && local > 1 && bytes > t.small_all_reduce &&
+      count >= static_cast<std::size_t>(local)) {
+    ring_shape shape({.count = count, .blocks = local}, es, t.chunk_bytes);
+    const extent mine = shape.layout.block(h.local_rank);
+    {
+      phase_view inside(c, h.local, h.local_rank, 0);
+      scratch tmp(c);
+      co_await ring_reduce_scatter_phase(c, shape, in == out ? nullptr : in, out, partial, tmp);
+      co_await c.wait_all();  // before the scratch goes
+    }
+    {
+      phase_view across(c, h.peers, h.host_rank, 1);
+      co_await flat_all_reduce(c, bytes_at(out, mine.offset * es), mine.count, es, partial, t);
+    }
+    op.finish(bytes_at(out, mine.offset * es), mine.count, h.group_size);
+    phase_view inside(c, h.local, h.local_rank, 2);
+    co_await ring_all_gather_phase(c, shape, out, 0);
+    co_await c.wait_all();
+    co_return;
+  }
+  const bool leader = h.local_rank == 0;
+  if (local == 1) {
+    if (in != out && bytes) std::memcpy(out, in, bytes);
+  } else {
+    phase_view inside(c, h.local, h.local_rank, 0);
+    if (bytes <= t.small_broadcast)
+      co_await binomial_reduce(c, in, out, count, es, partial, 0);
+    else
+      co_await chain_reduce(c, in, out, count, es, partial, 0, t.chunk_bytes);
+  }
+  if (leader) {
+    {
+      phase_view across(c, h.leaders, h.host_rank, 1);
+      co_await flat_all_reduce(c, out, count, es, partial, t);
+    }
+    op.finish(out, count, h.group_size);
+  }
+  if (local == 1) co_return;
+  phase_view inside(c, h.local, h.local_rank, 2);
+  if (bytes <= t.small_broadcast)
+    co_await binomial_broadcast(c, out, bytes, 0);
+  else
+    co_await chain_broadcast(c, out, bytes, 0, t.chunk_bytes);
+  co_await c.wait_all();
+}
+
+// Among the view's ranks, by size as the flat broadcast chooses.
+DCOMM_EMIT_ON_USE inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes,
+                                                           int root, const hierarchy_tuning& t) {
+  if (c.size() <= 1) co_return;
+  if (bytes <= t.small_broadcast)
+    co_await binomial_broadcast(c, buf, bytes, root);
+  else
+    co_await chain_broadcast(c, buf, bytes, root, t.chunk_bytes);
+}
+
+// This rank's neighbours in the chain through the hosts from `root`
+// (group ranks; -1: none): the root's host's ranks from the root on,
+// wrapping around, then each following host's ranks in order.
+inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root, int rank) {
+  const int hosts = h.hosts, root_host = h.host_index[static_cast<std::size_t>(root)];
+  const int root_local = h.local_index[static_cast<std::size_t>(root)];
+  // The rank at position s of host k's part of the chain.
+  auto at = [&](int k, int s) {
+    const auto& m = h.members[static_cast<std::size_t>(k)];
+    const int size = static_cast<int>(m.size());
+    return m[static_cast<std::size_t>(k == root_host ? mod(s + root_local, size) : s)];
+  };
+  auto size_of = [&](int k) {
+    return static_cast<int>(h.members[static_cast<std::size_t>(k)].size());
+  };
+  const int k = h.host_index[static_cast<std::size_t>(rank)];
+  const int local = h.local_index[static_cast<std::size_t>(rank)];
+  const int s = k == root_host ? mod(local - root_local, size_of(k)) : local;
+  int prev = -1, next = -1;
+  if (s > 0) {
+    prev = at(k, s - 1);
+  } else if (k != root_host) {
+    const int before = mod(k - 1, hosts);
+    prev = at(before, size_of(before) - 1);
+  }
+  if (s + 1 < size_of(k)) {
+    next = at(k, s + 1);
+  } else if (const int after = mod(k + 1, hosts); after != root_host) {
+    next = at(after, 0);
+  }
+  return {prev, next};
+}
+
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h,
+                                                                   void* buf, std::size_t bytes,
+                                                                   int root,
+                                                                   const hierarchy_tuning& t) {
+  if (bytes > t.small_broadcast) {
+    const auto [prev, next] = host_chain_neighbours(h, root, c.rank());
+    co_await chain_relay(c, buf, bytes, prev, next, t.chunk_bytes);
+    co_return;
+  }
+  const int root_host = h.host_index[static_cast<std::size_t>(root)];
+  const bool roots_host = root_host == h.host_rank;
+  if (roots_host) {
+    phase_view inside(c, h.local, h.local_rank, 0);
+    co_await flat_broadcast(c, buf, bytes, h.local_index[static_cast<std::size_t>(root)], t);
+  }
+  if (h.local_rank == 0) {
+    phase_view across(c, h.leaders, h.host_rank, 1);
+    co_await flat_broadcast(c, buf, bytes, root_host, t);
+  }
+  if (!roots_host) {
+    phase_view inside(c, h.local, h.local_rank, 2);
+    co_await flat_broadcast(c, buf, bytes, 0, t);
+  }
+}
+
+DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
+  const int local = static_cast<int>(h.local.size());
+  const bool leader = h.local_rank == 0;
+  {
+    phase_view inside(c, h.local, h.local_rank, 0);
+    if (!leader)
+      c.send(0, 0, nullptr, 0);
+    else
+      for (int p = 1; p < local; ++p) co_await c.wait(c.recv(p, 0, nullptr, 0));
+  }
+  if (leader) {
+    phase_view across(c, h.leaders, h.host_rank, 1);
+    co_await dissemination_barrier(c);
+  }
+  phase_view inside(c, h.local, h.local_rank, 2);
+  if (leader)
+    for (int p = 1; p < local; ++p) c.send(p, 0, nullptr, 0);
+  else
+    co_await c.wait(c.recv(0, 0, nullptr, 0));
+}
+
+}  // namespace dcomm::cpu

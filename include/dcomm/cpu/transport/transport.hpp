@@ -1,0 +1,573 @@
+// The CPU backend's transport: one socket per peer (from connect_mesh), on
+// which every operation of every group travels as framed messages.
+//
+// This header holds the transport class and its operations' life (add,
+// post, wait, abandon); its other jobs have headers of their own, included
+// at the end: the sending side (cpu/transport/impl/sending.hpp: posting sends, writing
+// frames, taking items back), the receiving side (cpu/transport/impl/receiving.hpp:
+// reading frames, matching them to receives), failure forwarding
+// (cpu/transport/impl/failure_forwarding.hpp: fail frames, probes, blame, the first
+// cause) and shutdown (cpu/transport/impl/shutdown.hpp: goodbye, drain, close). The units
+// of work are in cpu/transport/io_items.hpp, a peer's connection in cpu/transport/link.hpp, the
+// record of failed calls in cpu/transport/failed_calls.hpp, the wire format in
+// cpu/wire_format.hpp.
+//
+// Frames (a fixed wire_header, then `bytes` of payload for eager and data):
+//   eager  small message, payload follows; matched on arrival
+//   rts    "ready to send" a large message: header only, matched on arrival
+//   cts    the receiver's answer once a matching receive is posted
+//   data   the large payload, sent after cts, read straight into the buffer;
+//          a send whose data becomes ready in parts (a CUDA tensor copied
+//          to the host slice by slice) sends one data frame per part, each
+//          with its offset (cookie2), in order
+//   fail   "your call did not match mine", or "this collective failed
+//          here" (with what the rank that found it said of the cause): the
+//          peer fails its call too, with that cause, and passes a
+//          collective's failure on to the rest of the group; for a send
+//          whose receive refused it (sizes differ), the send fails, or if it
+//          completed already, the sender's next operation with the receiver
+//   probe  sent by a rank whose collective reached its deadline: "where are
+//          you in this call?"; answered at once by probe_reply (entered it,
+//          done with it, or not yet there). A peer that does not answer is
+//          stopped or hung: the timeout names it, not the ranks in between.
+//   bye    the last frame before an orderly close, naming the failure that
+//          made this rank leave (if any), so that its peers blame the first
+//          cause and not the rank that left because of it
+// Messages are matched per link by (collective?, group, tag or sequence
+// number, step), first in first out, so two messages with the same key
+// arrive in the order they were sent. Large messages wait for a posted
+// receive, so an unexpected message never holds more than the eager limit.
+//
+// Everything here runs on one strand: no locks. An operation ("call") owns
+// its io_items; it completes only once no socket operation still references
+// a buffer it was given, so callers may free their buffers right after.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/detail/log.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/detail/task.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/shm/segment.hpp"
+#include "dcomm/cpu/transport/failed_calls.hpp"
+#include "dcomm/cpu/startup/hosts.hpp"
+#include "dcomm/cpu/transport/io_items.hpp"
+#include "dcomm/cpu/transport/link.hpp"
+#include "dcomm/cpu/startup/mesh.hpp"
+#include "dcomm/cpu/transport/pool.hpp"
+#include "dcomm/cpu/wire_format.hpp"
+
+namespace dcomm::cpu {
+
+struct transport_options {
+  std::size_t eager_limit = 64 * 1024;
+  std::size_t stage_bytes = 256 * 1024;
+  std::size_t max_batch = 16;  // frames per gathered write
+  // How long a waiting operation polls its shared memory links before it
+  // sleeps until a peer rings (cpu/transport/impl/shm_links.hpp); 0: it sleeps at once.
+  std::chrono::nanoseconds shm_spin = std::chrono::microseconds(20);
+  // Polling yields the core between looks (set where the host's ranks
+  // outnumber the cores: cpu/startup/connect.hpp).
+  bool shm_yield = false;
+  // Large messages to a rank of this host are read from the sender's
+  // buffer in one copy where the kernel allows (shm/single_copy.hpp).
+  bool shm_single_copy = false;
+};
+
+// The segment this rank shares with the ranks of its host (shm/), and who
+// they are: their global ranks, ascending, this one among them. Empty:
+// every link is a socket.
+struct shm_links {
+  std::shared_ptr<shm::segment> segment;
+  std::vector<int> local;
+};
+
+class transport : public std::enable_shared_from_this<transport> {
+ public:
+  transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
+            transport_options options, shm_links shm = {}, std::vector<int> host_of = {},
+            const std::vector<std::int64_t>& clock_offsets = {})
+      : ex_(std::move(ex)),
+        rank_(rank),
+        world_(world),
+        options_(options),
+        hosts_(std::move(host_of)) {
+    links_.reserve(sockets.size());
+    for (auto& s : sockets) {
+      auto l = std::make_unique<peer_link>(std::move(s));
+      l->stage.resize(options_.stage_bytes);
+      l->batch_headers.resize(options_.max_batch);
+      l->gather.reserve(2 * options_.max_batch);
+      // Room for what a call commonly has in flight per peer, so that the
+      // lists rarely grow once a job runs (growth is kept, not repeated).
+      l->posted.reserve(64);
+      l->unexpected.reserve(64);
+      l->awaiting_data.reserve(64);
+      l->awaiting_cts.reserve(64);
+      asio::error_code ec;
+      if (l->socket.is_open()) {
+        auto ep = l->socket.remote_endpoint(ec);
+        if (!ec) l->address = detail::endpoint_address(ep);
+      }
+      if (links_.size() < clock_offsets.size()) l->clock_offset_ns = clock_offsets[links_.size()];
+      links_.push_back(std::move(l));
+    }
+    if (shm.segment) use_shm(std::move(shm));
+  }
+
+  // Starts one reader per peer (and for peers on this host, a watch on
+  // their socket, and the doorbell's listener); call once, on the strand.
+  void start() {
+    auto none = [](std::exception_ptr) {};
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
+    for (int p : shm_peers_) detail::start(ex_, watch_shm_peer(shared_from_this(), p), none);
+    if (shm_) detail::start(ex_, listen_bell(shared_from_this()), none);
+  }
+  // Whether frames to rank p go through shared memory.
+  bool shm_link(int p) const { return links_[static_cast<std::size_t>(p)]->shm != nullptr; }
+  std::uint64_t bytes_sent_to(int p) const {
+    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_written;
+  }
+  std::uint64_t bytes_read_directly_from(int p) const {
+    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_read_directly;
+  }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  // How group g's ranks fall on hosts (cpu/startup/hosts.hpp).
+  const host_layout& hosts_of(const group_state& g) { return hosts_.of(g); }
+  const transport_options& options() const { return options_; }
+  const asio::any_io_executor& get_executor() const { return ex_; }
+  bool peer_lost(int p) const { return links_[static_cast<std::size_t>(p)]->lost; }
+  // Whether rank p left in order, having failed nothing (its goodbye said so).
+  bool left_in_order(int p) const {
+    const peer_link& l = *links_[static_cast<std::size_t>(p)];
+    return l.said_bye && l.bye_reason == fail_reason::none;
+  }
+  // Whom the loss of rank p's link blames: the culprit its goodbye named,
+  // or p itself (it left without one: died).
+  int blame_for_loss(int p) const {
+    const peer_link& l = *links_[static_cast<std::size_t>(p)];
+    return l.said_bye && l.bye_reason != fail_reason::none && l.bye_culprit >= 0 ? l.bye_culprit
+                                                                                 : p;
+  }
+  const std::string& lost_reason(int p) const { return links_[static_cast<std::size_t>(p)]->why; }
+  std::string peer_address(int p) const { return links_[static_cast<std::size_t>(p)]->address; }
+  bool stopped() const { return aborted_ || closed_; }
+  // Collective calls that failed, recorded here (bounded: see failed_calls.hpp).
+  std::size_t failed_calls_recorded() const { return failed_calls_.size(); }
+
+  void add_op(op_state& op) {
+    op.next_op = ops_;
+    if (ops_) ops_->prev_op = &op;
+    ops_ = &op;
+    if (aborted_ || closed_) {
+      fail_op(op, make_error(aborted_ ? errc::aborted : errc::closed, op, {},
+                             aborted_ ? "the communicator was aborted"
+                                      : "the communicator was destroyed"));
+      return;
+    }
+    // A lost member does not fail the call here: that peer may have sent
+    // its part before leaving (the messages wait in `unexpected`), or may
+    // have no part to play with this rank. Posting to it fails (post_recv,
+    // post_send), and the ranks that fail tell the rest with fail frames.
+    if (op.collective) {
+      post_whereabouts(nullptr);
+      auto& entered = entered_[op.group];
+      entered = std::max(entered, op.seq + 1);
+      const call_id id{op.group, op.seq};
+      failed_calls_.enter(
+          id, [this](const call_id& c) { return active_call(c.group, c.seq) != nullptr; });
+      if (const failed_call* f = failed_calls_.find(id)) return fail_reported(op, *f);
+      // A message of this call that came early, from a rank that made a
+      // different call: whatever its step, the calls do not match.
+      for (int p : op.members) {
+        if (p == rank_) continue;
+        for (const unexpected_msg* m : links_[static_cast<std::size_t>(p)]->unexpected)
+          if (m->header.collective && m->header.group == op.group && m->header.seq == op.seq &&
+              !(m->header.sig == op.sig))
+            return mismatched_call(op, p, m->header.sig);
+      }
+    }
+  }
+  void remove_op(op_state& op) {
+    (op.prev_op ? op.prev_op->next_op : ops_) = op.next_op;
+    if (op.next_op) op.next_op->prev_op = op.prev_op;
+    op.prev_op = op.next_op = nullptr;
+    if (op.collective) post_whereabouts(&op);
+  }
+
+  // Items come from a free list; an op gives its items back when it ends,
+  // by which time none of them is posted, queued or in flight (wait and
+  // abandon see to that).
+  io_item& new_item(op_state& op) {
+    io_item* it = items_.take();
+    it->op = &op;
+    op.items.push_back(it);
+    return *it;
+  }
+  void release_items(op_state& op) {
+    for (io_item* it = op.items.release(); it;) {
+      io_item* next = it->next_in_op;
+      // Only if the op's coroutine was destroyed mid-flight (its executor
+      // went away): take the item back from the link before reusing it.
+      if (!it->finished() || it->in_flight) cancel_item(*it, false);
+      *it = io_item{};
+      items_.give_back(it);
+      it = next;
+    }
+  }
+
+  // Scratch memory and item lists for the algorithms, reused across calls.
+  vector_pool<std::byte>& scratch_memory() { return scratch_memory_; }
+  vector_pool<io_item*>& item_slots() { return item_slots_; }
+
+  void fail_op(op_state& op, std::exception_ptr e) {
+    if (op.failure) return;
+    op.failure = std::move(e);
+    op.wake();
+  }
+
+  // Posting. The item's fields (peer, key, sig, buffer, bytes) are set.
+  void post_recv(io_item& it);  // cpu/transport/impl/receiving.hpp
+  void post_send(io_item& it);  // cpu/transport/impl/sending.hpp
+  // A staged send's first `ready` bytes may go (posted with it.staged; the
+  // parts are sent in order, once the receiver has answered).
+  void send_ready(io_item& it, std::size_t ready);
+
+  // Waits until pred() holds; on failure or at the deadline, cancels the
+  // op's items, waits until no I/O touches its buffers, and throws.
+  // A collective that reaches its deadline first probes its group (see
+  // probe_group) and fails once every member answered or `probe_grace`
+  // passed, naming the ranks that did not answer or had not entered it.
+  template <class Pred>
+  detail::task<void> wait(op_state& op, Pred pred) {
+    for (;;) {
+      if (op.failure) break;
+      if (pred()) co_return;
+      if (op.failure) break;  // pred() may fail it (the arena's checks do)
+      if (op.probe && op.probe->awaited == 0) {
+        fail_op(op, timeout_error(op));
+        break;
+      }
+      // Messages from this host may be a few hundred nanoseconds away: poll
+      // for them before sleeping (what it wakes runs once this waits).
+      // It may also have finished this op's sends (a blocked writer went on):
+      // a wake before the wait below would be lost, so look again.
+      if (options_.shm_spin.count() > 0 && waits_on_shm(op) && !std::exchange(op.spun, false)) {
+        const bool found = spin_shm(op, [&] { return op.failure != nullptr || pred(); });
+        if (op.failure) break;
+        if (found && pred()) continue;
+        // It woke a reader (or a writer went on): once the reader has
+        // handled its frames it wakes this op to poll again (shm_readable),
+        // for what those frames started (a cts: the data comes next).
+        op.polls_after_readers = found;
+      }
+      // Never sleep failed: a look above may have failed the op, and its
+      // wake came before this wait.
+      if (op.failure) break;
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
+      op.polls_after_readers = false;
+      if (ec || op.failure || pred()) continue;
+      if (!op.probe && probe_group(op)) continue;
+      fail_op(op, timeout_error(op));
+    }
+    co_await abandon(op);
+  }
+
+  // wait()'s first looks without its coroutine frame: whether pred()
+  // holds now or within one spin over shared memory (false: the caller
+  // co_awaits wait(), which sleeps, probes and fails as it does).
+  template <class Pred>
+  bool holds_within_spin(op_state& op, Pred pred) {
+    if (op.failure) return false;
+    if (pred()) return !op.failure;
+    if (op.failure || options_.shm_spin.count() <= 0 || !waits_on_shm(op)) return false;
+    const bool found = spin_shm(op, [&] { return op.failure != nullptr || pred(); });
+    if (found && !op.failure && pred()) return true;
+    op.spun = true;
+    op.polls_after_readers = found;  // as wait() leaves it before it sleeps
+    return false;
+  }
+
+  // Fails the op (if it has not failed), takes back its items and waits
+  // until no socket operation references them; then throws the failure.
+  DCOMM_EMIT_ON_USE detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
+    if (!op.failure)
+      op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
+    if (op.collective && !op.notified) notify_group(op);
+    for (auto& it : op.items) cancel_item(it, true);
+    // A message in progress finishes on its own (the link stays usable);
+    // one that does not within io_grace (a stopped peer, a full socket)
+    // is stopped by closing its link.
+    auto in_flight = [&op] {
+      return std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; });
+    };
+    op.timer().expires_after(io_grace);
+    while (in_flight()) {
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
+      if (!ec) break;
+    }
+    for (auto& it : op.items)
+      if (it.in_flight && !links_[static_cast<std::size_t>(it.peer)]->lost)
+        lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
+                               "'s call failed: a message in progress did not end in time");
+    // Closing a link completes its socket operations promptly; the bound
+    // only guards against a bug turning into a hang.
+    op.timer().expires_after(std::chrono::seconds(10));
+    while (in_flight()) {
+      auto [ec] = co_await op.timer().async_wait(detail::use_task);
+      if (!ec) {
+        log(detail::log_level::error,
+            "tcp transport: socket operations still pending 10 s after closing");
+        break;
+      }
+    }
+    std::rethrow_exception(op.failure);
+  }
+
+  static constexpr auto io_grace = std::chrono::seconds(1);
+
+  // Whether an unfinished item of the op goes through shared memory, or
+  // it waits in the arena.
+  // The host's ranks outnumber this process's cores (options::shm_yield).
+  bool outnumbered() const { return options_.shm_yield; }
+  bool waits_on_shm(const op_state& op) const {
+    if (op.on_arena) return true;
+    if (shm_peers_.empty()) return false;
+    return std::any_of(op.items.begin(), op.items.end(),
+                       [this](const io_item& i) { return !i.finished() && shm_link(i.peer); });
+  }
+
+  // An arena this rank meets its group in (cpu/algorithms/shm_arena.hpp): the host's,
+  // for the world group where every rank is on this host, or a group's
+  // own (shm/arena.hpp). The calls queued for it (the first holds it: a
+  // list through op_state), which of this rank's two records its next
+  // step uses, and whether its last step saw every other rank arrive
+  // (else a call failed mid-step here).
+  struct arena_seat {
+    std::uint64_t group = 0;
+    shm::arena arena;
+    op_state* first = nullptr;
+    op_state* last = nullptr;
+    std::size_t record = 0;
+    bool synced = true;
+    bool reading_rings = false;  // the holder waits for the readers
+
+    std::size_t next_record() { return std::exchange(record, record ^ 1); }
+  };
+  // The arena group `g` meets in (claimed the first time: groups whose
+  // ranks all share this host); null where it has none.
+  arena_seat* arena_of(const group_state& g);
+  bool arena_serves(const group_state& g) { return arena_of(g) != nullptr; }
+  void queue_for_arena(arena_seat& seat, op_state& op);
+  void leave_arena(arena_seat& seat, op_state& op);
+  void ring_local_peers();
+  bool arena_peer_gone(op_state& op, int peer);
+  // A step ends once the frames each member wrote to this rank before it
+  // arrived there are read (and handled), as over one ordered link.
+  void note_arena_rings(const op_state& op);
+  bool arena_rings_read(arena_seat& seat, const op_state& op);
+  bool report_refused_send_in_arena(op_state& op);
+  bool refused_send_pending(const op_state& op) const;
+  void arena_mismatch(op_state& op, int peer, const call_signature& theirs);
+  // Single copy between ranks of this host (shm/single_copy.hpp), for the
+  // arena's large all_reduce: whether this rank may read `peer`'s memory
+  // (options' shm_single_copy and the kernel; asked once per link), and a
+  // read of it: 0, or errno (a refusal marks the link; a peer whose
+  // process is gone fails the op with errc::peer_lost naming it).
+  bool may_read(int peer);
+  int read_peer(op_state& op, int peer, void* to, std::uint64_t from, std::size_t n);
+
+  // Shutdown (cpu/transport/impl/shutdown.hpp). abort(): fails every pending and future
+  // operation and closes every link. close(): the communicator was
+  // destroyed; fails what is pending and closes every link in order, then
+  // runs `closed`.
+  void abort();
+  void close(std::function<void()> closed = {});
+  void leave_start_up(const std::exception_ptr& failure);
+  static constexpr auto close_grace = std::chrono::seconds(2);
+
+  // Where this rank is in call `seq` of `group` (a probe's answer).
+  call_progress progress_of(std::uint64_t group, std::uint64_t seq) const;
+  void tell_whereabouts(std::uint64_t group, wire_header& reply) const;
+  std::string whereabouts(int peer, const op_state& op, const group_whereabouts& w) const;
+
+  // Errors that name the op, its group and sequence number.
+  std::exception_ptr make_error(errc code, const op_state& op, std::string peers,
+                                std::string detail, std::string address = {}) const {
+    std::string where;
+    if (op.collective)
+      where = "call #" + std::to_string(op.seq) + " on " + std::string(op.group_name) + ": ";
+    else if (!op.group_name.empty())
+      where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " +
+              std::string(op.group_name) + ": ";
+    return std::make_exception_ptr(error(code, {.operation = op.operation,
+                                                .rank = rank_,
+                                                .peers = std::move(peers),
+                                                .address = std::move(address),
+                                                .detail = where + detail}));
+  }
+
+ private:
+  // Sending (cpu/transport/impl/sending.hpp).
+  wire_header header_for(const io_item& it) const;
+  void queue_parts(io_item& it);
+  void start_write(int peer);
+  void on_written(int peer, const asio::error_code& ec);
+  void cancel_item(io_item& it, bool let_io_finish);
+
+  // Receiving (cpu/transport/impl/receiving.hpp).
+  bool check_match(io_item& it, const wire_header& h);
+  void start_data(peer_link& l, io_item& it, const wire_header& rts);
+  io_item* take_posted(peer_link& l, const match_key& key);
+  bool keep_unexpected(int peer, const wire_header& h);
+  static bool from_stage(peer_link& l, void* dst, std::size_t n);
+  DCOMM_EMIT_ON_USE detail::task<void> fill(peer_link& l, std::size_t n, bool exact = false);
+  DCOMM_EMIT_ON_USE detail::task<void> read_payload(peer_link& l, char* dst, std::size_t n);
+  DCOMM_EMIT_ON_USE static detail::task<void> reader(std::shared_ptr<transport> self, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> read_frames(peer_link& l, int peer);
+  wire_header take_header(peer_link& l, int peer) const;
+  // Where an eager or data frame's payload goes: into a receive's buffer at
+  // its `arrived` (item, dst), into an unexpected message (msg, dst), or
+  // nowhere (all null: read and dropped).
+  struct payload_target {
+    char* dst = nullptr;
+    io_item* item = nullptr;
+    unexpected_msg* msg = nullptr;
+  };
+  payload_target eager_target(peer_link& l, int peer, const wire_header& h);
+  payload_target data_target(peer_link& l, const wire_header& h);
+  void file_unexpected(peer_link& l, unexpected_msg* msg);
+  void data_arrived(peer_link& l, io_item& it);
+  void on_control_frame(peer_link& l, int peer, const wire_header& h);
+  void on_rts(peer_link& l, int peer, const wire_header& h);
+  void on_cts(peer_link& l, int peer, const wire_header& h);
+  DCOMM_EMIT_ON_USE detail::task<bool> read_into(peer_link& l, io_item& it, std::size_t bytes);
+  // How much a payload read may take at once before it checks whether its
+  // receive was cancelled.
+  static constexpr std::size_t read_piece = std::size_t{1} << 20;
+
+  // Failure forwarding (cpu/transport/impl/failure_forwarding.hpp).
+  std::exception_ptr lost_error(op_state& op, int peer);
+  std::exception_ptr timeout_error(op_state& op);
+  static std::string rank_list(const std::vector<int>& ranks);
+  void note_cause(fail_reason reason, int culprit);
+  static wire_header call_frame(msg_kind kind, const op_state& op);
+  bool probe_group(op_state& op);
+  // How long a probed rank has to answer: far more than a round trip, even
+  // across hosts; a rank that cannot answer in that time is stuck.
+  static constexpr auto probe_grace = std::chrono::milliseconds(250);
+  void on_probe_reply(int peer, const wire_header& h);
+  op_state* active_call(std::uint64_t group, std::uint64_t seq);
+  void record_failure(std::uint64_t group, std::uint64_t seq, failed_call f);
+  void remember_mismatch(std::uint64_t group, std::uint64_t seq, int peer,
+                         const call_signature& ours, const call_signature& theirs);
+  void mismatched_call(op_state& op, int peer, const call_signature& theirs);
+  void notify_group(op_state& op);
+  void on_fail_frame(int peer, const wire_header& h, const call_signature* theirs,
+                     std::string finding);
+  failed_call reported_failure(int peer, const wire_header& h, const call_signature* theirs,
+                               std::string finding) const;
+  void fail_reported(op_state& op, const failed_call& f);
+  void on_refused_send(int peer, const wire_header& h);
+  bool report_refused_send(io_item& it);
+  void fail_for_refused_send(op_state& op, int peer, const refused_send& r);
+  static std::string refused_send_detail(const refused_send& r, int peer, const std::string& send);
+
+  // Shared memory links (cpu/transport/impl/shm_links.hpp).
+  void use_shm(shm_links shm);
+  void post_whereabouts(const op_state* left);
+  std::string board_whereabouts(int peer, const op_state& op) const;
+  void shm_write(int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> shm_readable(peer_link& l);
+  bool poll_shm(const op_state* spinner = nullptr);
+  bool read_eager_inline(peer_link& l, int peer, const op_state* spinner);
+  DCOMM_EMIT_ON_USE static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self,
+                                                             int peer);
+  DCOMM_EMIT_ON_USE static detail::task<void> listen_bell(std::shared_ptr<transport> self);
+  template <class Pred>
+  bool spin_shm(const op_state& spinner, Pred pred);
+  void settle_bell();
+  void close_bell_if_unused();
+  void wake_arena_holder();
+  bool read_directly(peer_link& l, io_item& it, const wire_header& rts);
+  void withdraw_offer(peer_link& l, io_item& it);
+
+  // Shutdown (cpu/transport/impl/shutdown.hpp).
+  void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut);
+  static std::size_t unacknowledged(peer_link& l);
+  void closed_all();
+  void say_goodbye();
+  void close_link(peer_link& l);
+  void socket_goodbye(peer_link& l);
+  void lose_link(int peer, std::string why);
+
+  void fail_item(io_item& it, std::exception_ptr e) {
+    it.state = item_state::failed;
+    fail_op(*it.op, std::move(e));
+  }
+
+  void complete(io_item& it) {
+    it.state = item_state::done;
+    it.op->wake();
+  }
+
+  asio::any_io_executor ex_;
+  int rank_;
+  int world_;
+  transport_options options_;
+  std::vector<std::unique_ptr<peer_link>> links_;
+  op_state* ops_ = nullptr;  // operations in progress, a list through op_state
+  object_pool<io_item> items_;
+  object_pool<unexpected_msg> unexpected_;
+  vector_pool<std::byte> scratch_memory_;
+  vector_pool<io_item*> item_slots_;
+  // Collectives that failed before this rank started them (or were
+  // refused here): the error their op gets in add_op, and whom it names.
+  failed_call_record failed_calls_;
+  // Per group, how many of its collectives this rank has entered (probes).
+  std::unordered_map<std::uint64_t, std::uint64_t> entered_;
+  host_layouts hosts_;
+  // The first failure this rank saw and whom it blamed: said in goodbyes.
+  fail_reason first_reason_ = fail_reason::none;
+  int first_culprit_ = -1;
+  std::weak_ptr<asio::steady_timer> close_timer_;  // close(): drains the links
+  std::function<void()> on_closed_;                // close(): every link is closed
+  std::uint64_t next_id_ = 0;
+  // Shared memory: the segment, this rank's place in it, the peers reached
+  // through it, and this rank's doorbell (a dup of its eventfd).
+  std::shared_ptr<shm::segment> shm_;
+  int shm_me_ = -1;
+  std::vector<int> shm_peers_;
+  asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
+  bool bell_settling_ = false;                      // settle_bell is posted
+  // The arenas this rank has a seat at (reserved once: calls hold
+  // pointers to them).
+  std::vector<arena_seat> arenas_;
+  bool aborted_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace dcomm::cpu
+
+#include "dcomm/cpu/transport/impl/failure_forwarding.hpp"
+#include "dcomm/cpu/transport/impl/receiving.hpp"
+#include "dcomm/cpu/transport/impl/sending.hpp"
+#include "dcomm/cpu/transport/impl/shm_links.hpp"
+#include "dcomm/cpu/transport/impl/shutdown.hpp"

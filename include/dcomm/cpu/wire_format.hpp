@@ -1,0 +1,206 @@
+// The CPU backend's wire format: the fixed header every frame starts with
+// (transport.hpp says what each kind of frame does), and the call signature
+// it carries, by which ranks that make different calls find out. The mesh
+// uses it too: a rank that fails while the mesh forms says goodbye in it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/detail/arrivals.hpp"
+#include "dcomm/dtype.hpp"
+#include "dcomm/reduce_op.hpp"
+
+namespace dcomm::cpu {
+
+// Which collective a message belongs to; part of the call signature.
+enum class coll_op : std::uint8_t {
+  p2p = 0,
+  barrier,
+  broadcast,
+  reduce,
+  all_reduce,
+  scatter,
+  gather,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  all_gather_v,
+  all_to_all_v,
+  counts,  // the count exchange of the _v and object forms
+};
+
+inline const char* name(coll_op op) {
+  static constexpr const char* names[] = {
+      "send/recv",    "barrier",      "broadcast",     "reduce",         "all_reduce",
+      "scatter",      "gather",       "all_gather",    "reduce_scatter", "all_to_all",
+      "all_gather_v", "all_to_all_v", "count exchange"};
+  auto i = static_cast<std::size_t>(op);
+  return i < std::size(names) ? names[i] : "unknown op";
+}
+
+// What a collective was called with. Every message carries the sender's, so
+// ranks that disagree fail with errc::mismatch instead of mixing data. (The
+// whole of a call's identity, group id, sequence number, step and this
+// signature, is stated in impl/call_identity.hpp.)
+struct call_signature {
+  coll_op op = coll_op::p2p;
+  dtype type = dtype::uint8;
+  reduce_kind reduce = reduce_kind::sum;
+  std::uint8_t has_reduce = 0;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;  // elements per rank; 0 for the _v forms
+  // A CUDA tensor staged slice by slice runs the algorithm once per slice:
+  // ranks must agree (0: the whole buffer at once).
+  std::uint32_t slices = 0;
+  // The algorithm asked for (op_options::algorithm, else DCOMM_ALGO's;
+  // automatic: chosen by size, the same on every rank that agrees on the rest).
+  dcomm::algorithm algo = dcomm::algorithm::automatic;
+  // A rooted operation with its confirmation (call.hpp): ranks must agree.
+  std::uint8_t confirmed = 0;
+  // Runs in its group's arena (cpu/algorithms/shared_memory.hpp) rather
+  // than by messages: ranks must agree (a CUDA tensor staged whole does not).
+  std::uint8_t arena = 0;
+  std::uint8_t reserved[1] = {};
+
+  friend bool operator==(const call_signature&, const call_signature&) = default;
+};
+
+inline std::string describe(const call_signature& s) {
+  std::string d = name(s.op);
+  if (s.op == coll_op::p2p) return d;
+  if (s.op == coll_op::barrier)
+    return (s.algo == dcomm::algorithm::automatic
+                ? d
+                : d + "(" + std::string(dcomm::name(s.algo)) + ")") +
+           (s.arena ? " in shared memory" : "");
+  d += "(" + std::string(dcomm::name(s.type)) + " x " + std::to_string(s.count);
+  if (s.has_reduce) d += ", " + std::string(dcomm::name(s.reduce));
+  if (s.root >= 0) d += ", root " + std::to_string(s.root);
+  if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
+  d += ")";
+  if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
+  const bool rooted = s.op == coll_op::broadcast || s.op == coll_op::reduce ||
+                      s.op == coll_op::scatter || s.op == coll_op::gather;
+  if (s.arena) d += " in shared memory";
+  if (rooted && !s.confirmed) d += " without confirmation (confirm_rooted off)";
+  return d;
+}
+
+// A point-to-point message as a mismatch names it: "40 bytes (float32 x 10)".
+inline std::string describe_message(dtype type, std::uint64_t bytes) {
+  const std::size_t element = size_of(type);
+  return std::to_string(bytes) + " bytes (" + std::string(dcomm::name(type)) +
+         (element ? " x " + std::to_string(bytes / element) : std::string()) + ")";
+}
+
+// What differs between a send and the receive that refused it.
+inline const char* p2p_mismatch(dtype sent, std::uint64_t sent_bytes, dtype expected,
+                                std::uint64_t expected_bytes) {
+  if (sent == expected) return "message size mismatch";
+  return sent_bytes == expected_bytes ? "dtype mismatch" : "dtype and size mismatch";
+}
+
+enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
+
+// Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
+// blame, plus one (0: none known).
+//
+// A collective's fail frame may carry a payload of `bytes`: a mismatch's
+// other call (a call_signature), then the finding of the rank that found
+// the failure, in words (its last `extra` bytes: what a timeout's probe or
+// shared memory said of the culprit, why a link was lost), so that every
+// member's error gives the whole cause, not only whom to blame.
+enum class fail_reason : std::uint64_t { none = 0, mismatch, peer_lost, timeout, other };
+
+inline const char* describe(fail_reason r) {
+  switch (r) {
+    case fail_reason::mismatch:
+      return "a mismatched call";
+    case fail_reason::peer_lost:
+      return "a lost peer";
+    case fail_reason::timeout:
+      return "a timeout";
+    case fail_reason::other:
+      return "a failed call";
+    case fail_reason::none:
+      break;
+  }
+  return "no failure";
+}
+
+// A finding longer than this is cut short in a fail frame (a probe's
+// finding names every member that did not answer: bounded by the world's
+// size, it is kept whole below a few hundred ranks).
+inline constexpr std::size_t max_finding_bytes = 16 * 1024;
+
+// Where a rank is in a collective, as a probe_reply says (its cookie).
+enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
+
+// Where a rank is in the probed call's group, as a probe_reply also says:
+// the oldest collective of the group it is in (cookie2: its sequence
+// number plus one, 0 for none; sig: its signature; extra: milliseconds
+// since the rank made it) and how many of the group's calls it has
+// entered (bytes; a control frame has no payload).
+struct group_whereabouts {
+  std::uint64_t in_call = 0;  // sequence number + 1; 0: in none
+  coll_op op = coll_op::p2p;
+  std::uint32_t entered_ms_ago = 0;
+  std::uint64_t calls_entered = 0;
+};
+
+inline constexpr std::uint32_t wire_magic = 0x314d4344;  // "DCM1" little-endian
+
+// Ranks of one job run the same build on the same architecture: the header
+// travels in native byte order; the magic catches anything else.
+struct wire_header {
+  std::uint32_t magic = wire_magic;
+  msg_kind kind = msg_kind::eager;
+  std::uint8_t collective = 0;
+  std::uint16_t reserved = 0;
+  call_signature sig{};
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;  // the tag (p2p) or the group's sequence number
+  std::uint32_t step = 0;
+  // rts over shared memory: the sender's count of withdrawn offers
+  // (shm/single_copy.hpp); cts: 1 when the receiver read the payload itself;
+  // fail for a send a receive refused: the send's dtype; a collective's fail:
+  // the length of the finding its payload ends with.
+  std::uint32_t extra = 0;
+  std::uint64_t bytes = 0;    // payload size of the message (also in rts, cts)
+  std::uint64_t cookie = 0;   // rts, cts: the sender's id; data: the receiver's id
+  std::uint64_t cookie2 = 0;  // cts: the receiver's id; rts over shared memory: the
+                              // sender's buffer, offered for a single copy (0: none)
+  // A collective's eager and rts frames: when the call's ranks called it,
+  // as far as the sender knew (detail/arrivals.hpp), on the sender's clock.
+  detail::arrival_stamp arrivals{};
+};
+static_assert(std::is_trivially_copyable_v<wire_header>);
+
+// The last frame before an orderly close: the sender leaves after `reason`,
+// blaming `culprit` (-1: nobody known; reason none: it simply finished).
+inline wire_header goodbye(fail_reason reason, int culprit) {
+  wire_header b;
+  b.kind = msg_kind::bye;
+  b.cookie = static_cast<std::uint64_t>(reason);
+  b.cookie2 = static_cast<std::uint64_t>(culprit + 1);
+  return b;
+}
+
+// A goodbye's reason and culprit (-1: none, or not a rank of `world`).
+inline std::pair<fail_reason, int> read_goodbye(const wire_header& h, int world) {
+  const auto reason = h.cookie <= static_cast<std::uint64_t>(fail_reason::other)
+                          ? static_cast<fail_reason>(h.cookie)
+                          : fail_reason::other;
+  const int culprit = h.cookie2 && h.cookie2 <= static_cast<std::uint64_t>(world)
+                          ? static_cast<int>(h.cookie2) - 1
+                          : -1;
+  return {reason, culprit};
+}
+
+}  // namespace dcomm::cpu

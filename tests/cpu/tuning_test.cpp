@@ -1,0 +1,272 @@
+// The CPU backend's choice of algorithm (cpu/tuning.hpp), without a
+// network: what each op runs at sizes around its limit (the defaults of
+// cpu_backend::options and others), in a world of one, when a call or
+// DCOMM_ALGO asks for an algorithm, and what is refused. The algorithms
+// themselves run in the "cpu collectives" suite.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dcomm/cpu_backend.hpp"
+
+namespace {
+
+using dcomm::algorithm;
+using dcomm::cpu::coll_op;
+
+constexpr std::size_t kib = 1024;
+constexpr std::size_t huge = std::size_t{1} << 40;
+
+// What a call of `op` moving `bytes` (as many elements: uint8) runs among
+// `world` ranks, asking for `asked`.
+std::optional<algorithm> pick(coll_op op, std::size_t bytes, int world = 4,
+                              algorithm asked = algorithm::automatic,
+                              const dcomm::cpu_backend::options& o = {}) {
+  return dcomm::cpu::choose(op, asked, {.bytes = bytes, .count = bytes}, world, o);
+}
+
+bool contains(const std::string& s, std::string_view part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The message DCOMM_ALGO=`spec` is refused with (empty: accepted).
+std::string refusal_of(std::string_view spec) {
+  try {
+    dcomm::cpu::parse_algorithm_overrides(spec);
+  } catch (const dcomm::error& e) {
+    CHECK(e.code() == dcomm::errc::invalid_argument);
+    CHECK(contains(e.what(), "DCOMM_ALGO"));
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_SUITE("cpu tuning") {
+  TEST_CASE(
+      "defaults: each op's small algorithm up to its limit (docs/communicator.md), large above") {
+    CHECK(pick(coll_op::all_reduce, 64 * kib) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::broadcast, 256 * kib) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::broadcast, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(coll_op::reduce, 256 * kib) == algorithm::binomial_tree);  // broadcast's limit
+    CHECK(pick(coll_op::reduce, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(coll_op::all_gather, 64 * kib) == algorithm::direct);
+    CHECK(pick(coll_op::all_gather, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::reduce_scatter, 64 * kib) == algorithm::direct);
+    CHECK(pick(coll_op::reduce_scatter, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(coll_op::all_reduce, 0) == algorithm::recursive_doubling);
+  }
+
+  TEST_CASE("each op reads its own option's limit") {
+    // Four different limits: an op that read another's would pick wrongly
+    // on one side of its own.
+    dcomm::cpu_backend::options o;
+    o.small_all_reduce = 1000;
+    o.small_broadcast = 2000;
+    o.small_all_gather = 3000;
+    o.small_reduce_scatter = 4000;
+    struct row {
+      coll_op op;
+      std::size_t limit;
+      algorithm small, large;
+    };
+    for (const row& r :
+         {row{coll_op::all_reduce, 1000, algorithm::recursive_doubling, algorithm::ring},
+          row{coll_op::broadcast, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{coll_op::reduce, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{coll_op::all_gather, 3000, algorithm::direct, algorithm::ring},
+          row{coll_op::reduce_scatter, 4000, algorithm::direct, algorithm::ring}}) {
+      CAPTURE(dcomm::cpu::name(r.op));
+      CHECK(pick(r.op, 1, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit - 1, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit, 4, algorithm::automatic, o) == r.small);
+      CHECK(pick(r.op, r.limit + 1, 4, algorithm::automatic, o) == r.large);
+      CHECK(pick(r.op, huge, 4, algorithm::automatic, o) == r.large);
+    }
+  }
+
+  TEST_CASE("ops with one algorithm run it at any size") {
+    for (coll_op op : {coll_op::scatter, coll_op::gather, coll_op::all_to_all,
+                       coll_op::all_gather_v, coll_op::all_to_all_v}) {
+      CAPTURE(dcomm::cpu::name(op));
+      CHECK(pick(op, 0) == algorithm::direct);
+      CHECK(pick(op, huge) == algorithm::direct);
+      CHECK(pick(op, huge, 4, algorithm::direct) == algorithm::direct);
+    }
+  }
+
+  TEST_CASE("all_reduce with fewer elements than ranks runs recursive doubling at any size") {
+    const dcomm::cpu_backend::options o;
+    auto all_reduce = [&](std::size_t count, int world) {
+      return dcomm::cpu::choose(coll_op::all_reduce, algorithm::automatic,
+                                {.bytes = huge, .count = count}, world, o);
+    };
+    CHECK(all_reduce(3, 4) == algorithm::recursive_doubling);
+    CHECK(all_reduce(4, 4) == algorithm::ring);
+    CHECK(all_reduce(0, 2) == algorithm::recursive_doubling);
+    // Only all_reduce's ring cuts the data per rank.
+    CHECK(dcomm::cpu::choose(coll_op::all_gather, algorithm::automatic, {.bytes = huge, .count = 1},
+                             4, o) == algorithm::ring);
+  }
+
+  TEST_CASE("a world of one runs the small algorithm, whatever the size or the request") {
+    CHECK(pick(coll_op::all_reduce, huge, 1) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, huge, 1, algorithm::ring) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::reduce, huge, 1, algorithm::chain) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::broadcast, huge, 1) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::reduce_scatter, huge, 1, algorithm::ring) == algorithm::direct);
+    CHECK(pick(coll_op::all_gather, huge, 1) == algorithm::direct);
+    // Still refused: the request is checked before the world.
+    CHECK(pick(coll_op::broadcast, 1, 1, algorithm::ring) == std::nullopt);
+  }
+
+  TEST_CASE("an algorithm the call asks for wins over the size") {
+    CHECK(pick(coll_op::all_reduce, 8, 4, algorithm::ring) == algorithm::ring);
+    CHECK(pick(coll_op::all_reduce, huge, 4, algorithm::recursive_doubling) ==
+          algorithm::recursive_doubling);
+    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::chain) == algorithm::chain);
+    CHECK(pick(coll_op::reduce, huge, 4, algorithm::binomial_tree) == algorithm::binomial_tree);
+    CHECK(pick(coll_op::all_gather, huge, 4, algorithm::direct) == algorithm::direct);
+    CHECK(pick(coll_op::reduce_scatter, 1, 4, algorithm::ring) == algorithm::ring);
+  }
+
+  TEST_CASE("requested: the call's algorithm, else DCOMM_ALGO's for the op, else automatic") {
+    const auto overrides = dcomm::cpu::parse_algorithm_overrides("all_reduce=ring,broadcast=chain");
+    CHECK(overrides.size() == 2);
+    using dcomm::cpu::requested;
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, overrides) == algorithm::ring);
+    CHECK(requested(coll_op::all_reduce, algorithm::recursive_doubling, overrides) ==
+          algorithm::recursive_doubling);
+    CHECK(requested(coll_op::broadcast, algorithm::automatic, overrides) == algorithm::chain);
+    CHECK(requested(coll_op::reduce, algorithm::automatic, overrides) == algorithm::automatic);
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, {}) == algorithm::automatic);
+    // Then the override wins over the size, as a call's request does.
+    CHECK(pick(coll_op::all_reduce, 8, 4,
+               requested(coll_op::all_reduce, algorithm::automatic, overrides)) == algorithm::ring);
+    // Empty items are skipped; the last of two for one op counts.
+    const auto more =
+        dcomm::cpu::parse_algorithm_overrides(",all_reduce=ring,,all_reduce=automatic,");
+    CHECK(more.size() == 1);
+    CHECK(requested(coll_op::all_reduce, algorithm::automatic, more) == algorithm::automatic);
+    CHECK(dcomm::cpu::parse_algorithm_overrides("").empty());
+  }
+
+  TEST_CASE("refusals: an algorithm the op does not have, from a call or DCOMM_ALGO") {
+    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(coll_op::all_reduce, 1, 4, algorithm::chain) == std::nullopt);
+    CHECK(pick(coll_op::scatter, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(coll_op::barrier, 1, 4, algorithm::direct) == std::nullopt);
+
+    using dcomm::cpu::refuse_algorithm;
+    CHECK(refuse_algorithm("all_reduce", algorithm::ring).empty());
+    CHECK(refuse_algorithm("barrier", algorithm::automatic).empty());
+    CHECK(refuse_algorithm("send", algorithm::automatic).empty());
+    const auto broadcast_ring = refuse_algorithm("broadcast", algorithm::ring);
+    CHECK(contains(broadcast_ring, "algorithm ring is not available for broadcast"));
+    CHECK(
+        contains(broadcast_ring, "(it has binomial_tree, chain, shared_memory and hierarchical)"));
+    CHECK(contains(refuse_algorithm("scatter", algorithm::ring), "(it has direct)"));
+    CHECK(contains(refuse_algorithm("barrier", algorithm::direct),
+                   "(it has one message algorithm: leave it automatic; or shared_memory and "
+                   "hierarchical)"));
+    CHECK(contains(refuse_algorithm("send", algorithm::ring), "it has no algorithm to choose"));
+
+    CHECK(refusal_of("all_reduce=ring,broadcast=binomial_tree").empty());
+    CHECK(contains(refusal_of("all_reduce"), "'all_reduce' has no '='"));
+    CHECK(contains(refusal_of("all_reduce=fastest"), "unknown algorithm 'fastest'"));
+    CHECK(contains(refusal_of("allreduce=ring"), "unknown operation 'allreduce'"));
+    CHECK(contains(refusal_of("broadcast=ring"), "(it has binomial_tree, chain, shared_memory"));
+  }
+
+  TEST_CASE("the table has one row per collective, found by its op") {
+    for (int i = static_cast<int>(coll_op::barrier); i <= static_cast<int>(coll_op::all_to_all_v);
+         ++i) {
+      const auto op = static_cast<coll_op>(i);
+      CAPTURE(dcomm::cpu::name(op));
+      CHECK(dcomm::cpu::algorithms_of(op).op == op);
+    }
+  }
+
+  TEST_CASE("across hosts all_reduce, broadcast and barrier go through the hosts, unless asked") {
+    const dcomm::cpu_backend::options o;
+    auto across = [&](std::size_t bytes, algorithm asked = algorithm::automatic) {
+      return dcomm::cpu::choose(coll_op::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4, o,
+                                true);
+    };
+    CHECK(across(4) == algorithm::hierarchical);
+    CHECK(across(64 * 1024 * 1024) == algorithm::hierarchical);
+    CHECK(across(4, algorithm::ring) == algorithm::ring);
+    CHECK(across(4, algorithm::recursive_doubling) == algorithm::recursive_doubling);
+    CHECK(pick(coll_op::all_reduce, 4, 4, algorithm::hierarchical) == algorithm::hierarchical);
+    CHECK(pick(coll_op::all_reduce, 4) == algorithm::recursive_doubling);  // one host
+    // So do broadcast and barrier; the others stay flat.
+    for (auto op : {coll_op::broadcast, coll_op::barrier}) {
+      CAPTURE(dcomm::cpu::name(op));
+      CHECK(dcomm::cpu::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
+            algorithm::hierarchical);
+      CHECK(dcomm::cpu::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, false) !=
+            algorithm::hierarchical);
+      CHECK(dcomm::cpu::refuse_algorithm(dcomm::cpu::name(op), algorithm::hierarchical).empty());
+    }
+    CHECK(dcomm::cpu::choose(coll_op::broadcast, algorithm::chain, {.bytes = 4}, 4, o, true) ==
+          algorithm::chain);
+    CHECK(dcomm::cpu::choose(coll_op::all_gather, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
+          algorithm::direct);
+    CHECK(pick(coll_op::reduce, 4, 4, algorithm::hierarchical) == std::nullopt);
+    CHECK(dcomm::cpu::refuse_algorithm("all_reduce", algorithm::hierarchical).empty());
+    CHECK(refusal_of("all_reduce=hierarchical,broadcast=hierarchical").empty());
+    CHECK(contains(refusal_of("reduce=hierarchical"),
+                   "(it has binomial_tree, chain and shared_memory)"));
+    CHECK(contains(refusal_of("all_reduce=chain"),
+                   "(it has recursive_doubling, ring, shared_memory and hierarchical)"));
+  }
+
+  TEST_CASE("host layout: hosts in order of their lowest rank, stripes where hosts are even") {
+    using dcomm::cpu::make_host_layout;
+    dcomm::group_state world;
+    world.ranks = {0, 1, 2, 3, 4, 5};
+    // Global ranks 0, 2, 4 on host 0; 1, 3, 5 on host 1 (interleaved).
+    const std::vector<int> host_of{0, 1, 0, 1, 0, 1};
+    world.rank = 3;
+    auto h = make_host_layout(world, host_of);
+    CHECK(h.spans());
+    CHECK(h.hosts == 2);
+    CHECK(h.local == std::vector<int>{1, 3, 5});
+    CHECK(h.local_rank == 1);
+    CHECK(h.leaders == std::vector<int>{0, 1});
+    CHECK(h.host_rank == 1);
+    CHECK(h.uniform);
+    CHECK(h.peers == std::vector<int>{2, 3});
+    CHECK(h.host_index == std::vector<int>{0, 1, 0, 1, 0, 1});
+    CHECK(h.local_index == std::vector<int>{0, 0, 1, 1, 2, 2});
+    // A large broadcast's chain from rank 3 (host 1's second): 3 -> 5 -> 1,
+    // then host 0: 0 -> 2 -> 4. Each rank's (prev, next).
+    const std::vector<std::pair<int, int>> chain{{1, 2}, {5, 0}, {0, 4}, {-1, 5}, {2, -1}, {3, 1}};
+    for (int r = 0; r < 6; ++r) {
+      CAPTURE(r);
+      CHECK(dcomm::cpu::host_chain_neighbours(h, 3, r) == chain[static_cast<std::size_t>(r)]);
+    }
+    // A group of global ranks 5, 4, 1 (group ranks 0, 1, 2): 5 and 1 share a host.
+    dcomm::group_state sub;
+    sub.ranks = {5, 4, 1};
+    sub.rank = 1;
+    h = make_host_layout(sub, host_of);
+    CHECK(h.spans());
+    CHECK(h.local == std::vector<int>{1});
+    CHECK(h.leaders == std::vector<int>{0, 1});
+    CHECK(h.host_rank == 1);
+    CHECK_FALSE(h.uniform);
+    CHECK(h.peers.empty());
+    // Every rank its own host, or all on one: nothing to go through.
+    CHECK_FALSE(make_host_layout(world, {}).spans());
+    CHECK_FALSE(make_host_layout(world, {7, 7, 7, 7, 7, 7}).spans());
+    CHECK(make_host_layout(world, {7, 7, 7, 7, 7, 7}).local.size() == 6);
+  }
+}
