@@ -11,6 +11,11 @@
 5. A user of communicator.hpp or gradient_bucketer.hpp compiles no store,
    rendezvous, init_method or backend: LEAN says what each may not reach,
    through any chain of includes.
+6. Length: no function of include/, tools/, bench/ or examples/ over
+   MAX_FUNCTION_LINES (its head to its closing brace) unless the comment
+   just above it says why (a line starting with "// Length:"). Functions
+   are found at namespace and class scope by their braces, comments and
+   strings blanked (functions(), below): a lambda counts in its function.
 
 Run from anywhere: check_layout.py <repository root>. Prints each breach
 and exits 1 if there is one.
@@ -20,6 +25,7 @@ import re
 import sys
 
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 80
 
 # (floor, path prefix or exact file), first match wins; paths are relative to
 # include/. A header that matches none is itself a breach: say where it lives.
@@ -52,9 +58,109 @@ ALLOWED_CROSSINGS = {'dcomm/cpu/': ['dcomm/store/store.hpp', 'dcomm/shm/'],
 
 LEAN = {
     'dcomm/communicator.hpp': ['dcomm/store/', 'dcomm/rendezvous.hpp', 'dcomm/init_method.hpp',
-                               'dcomm/init/', 'dcomm/cpu/', 'dcomm/nccl/', 'dcomm/launch/'],
+                               'dcomm/init/', 'dcomm/cpu/', 'dcomm/nccl/', 'dcomm/launch/',
+                               'dcomm/mpi/', 'dcomm/shm/', 'dcomm/rpc/', 'dcomm/rpc.hpp',
+                               'dcomm/cpu_backend.hpp', 'dcomm/mpi.hpp', 'dcomm/nccl.hpp'],
 }
 LEAN['dcomm/gradient_bucketer.hpp'] = LEAN['dcomm/communicator.hpp']
+
+
+def blank_comments_strings(text):
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith('//', i):
+            j = text.find('\n', i)
+            j = n if j < 0 else j
+            out.append(' ' * (j - i)); i = j
+        elif text.startswith('/*', i):
+            j = text.find('*/', i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r'[^\n]', ' ', text[i:j])); i = j
+        elif text.startswith('R"', i):
+            m = re.match(r'R"([^(]*)\(', text[i:])
+            end = text.find(')' + m.group(1) + '"', i) + len(m.group(1)) + 2
+            out.append(re.sub(r'[^\n]', ' ', text[i:end])); i = end
+        elif c in '"\'' and not (c == "'" and i > 0 and text[i-1].isalnum()):
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == '\\' else 1
+            out.append(c + ' ' * (j - i - 1) + c); i = j + 1
+        else:
+            out.append(c); i += 1
+    return ''.join(out)
+
+# Heads of scopes whose braces hold functions, and of statements that are
+# no function.
+CONTAINER = re.compile(r'^(template\s*<.*>\s*)?(namespace|class|struct|union|enum|extern\s+"C")\b', re.S)
+CONTROL = re.compile(r'^(if|for|while|switch|catch|else|do|try|return)\b')
+
+def functions(text):
+    """(first line, last line) of each function body at namespace or class scope."""
+    s = blank_comments_strings(text)
+    # Preprocessor lines (with their continuations) are no part of a head.
+    s = re.sub(r'^[ \t]*#(?:[^\n]*\\\n)*[^\n]*', lambda m: re.sub(r'[^\n]', ' ', m.group(0)), s, flags=re.M)
+    found = []
+    def line(pos): return s.count('\n', 0, pos) + 1
+    def match(pos):  # index of the } that closes the { at pos
+        depth = 0
+        for k in range(pos, len(s)):
+            if s[k] == '{': depth += 1
+            elif s[k] == '}':
+                depth -= 1
+                if depth == 0: return k
+        return len(s) - 1
+    def scan(start, end):
+        head_start = start
+        k = start
+        while k < end:
+            ch = s[k]
+            if ch in ';}':
+                head_start = k + 1
+            elif ch == '{':
+                head = ' '.join(s[head_start:k].split())
+                close = match(k)
+                bare = re.sub(r'^(template\s*<[^{]*?>\s*)+', '', head)
+                bare = re.sub(r'^\[\[[^\]]*\]\]\s*', '', bare)
+                # Braces inside a head: a default argument's, a member
+                # initializer's ("x() : a_{1} {"), an initializer's.
+                inner = (head.count('(') != head.count(')') or re.search(r'[=,(]\s*$', head)
+                         or (re.search(r'\)\s*(noexcept\s*)?:', head) and re.search(r'[\w>]$', head)))
+                if inner and not CONTAINER.match(bare):
+                    k = close + 1
+                    continue
+                if CONTAINER.match(head) or CONTAINER.match(bare):
+                    if not bare.startswith('enum'):
+                        scan(k + 1, close)
+                elif '(' in head and not CONTROL.match(bare):
+                    first = line(head_start + len(s[head_start:k]) - len(s[head_start:k].lstrip()))
+                    found.append((first, line(close), head))
+                k = close
+                head_start = k + 1
+            k += 1
+    scan(0, len(s))
+    return found
+
+
+def long_functions(path):
+    """Breaches of rule 6 in one file."""
+    text = path.read_text()
+    lines = text.split('\n')
+    out = []
+    for first, last, head in functions(text):
+        if last - first + 1 <= MAX_FUNCTION_LINES:
+            continue
+        above = first - 2  # the line before the head, 0-based
+        reason = False
+        while above >= 0 and lines[above].lstrip().startswith('//'):
+            reason = reason or lines[above].lstrip().startswith('// Length:')
+            above -= 1
+        if not reason:
+            name = re.sub(r'\s*\(.*', '', head).split()[-1] if '(' in head else head[:40]
+            out.append(f'{path}:{first}: {name} is {last - first + 1} lines, over '
+                       f'{MAX_FUNCTION_LINES} with no "// Length:" reason above it')
+    return out
 
 
 def includes_of(inc, header):
@@ -117,6 +223,10 @@ def main(root):
         for t in sorted(reach(inc, header)):
             if any(t == b or (b.endswith('/') and t.startswith(b)) for b in banned):
                 breaches.append(f'{header} reaches {t}: its users would compile it')
+    for folder in ['include', 'tools', 'bench', 'examples']:
+        for p in sorted((root / folder).rglob('*')):
+            if p.suffix in ('.hpp', '.cpp'):
+                breaches += [b.replace(str(root) + '/', '') for b in long_functions(p)]
     for b in breaches:
         print('layout:', b)
     print(f'{len(headers)} headers checked, {len(breaches)} breaches')

@@ -183,25 +183,15 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> leave_store(std::shared_ptr<store
   if (why) co_await tcp->leave(*why);
 }
 
-// The protocol, on any store (thread worlds pass a shared hash_store).
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank,
-                                                          int world_size, std::string address,
-                                                          const rendezvous_options& options) {
-  const auto start = detail::clock::now();
-  const auto deadline = start + options.timeout;
-  auto fail = [&](errc code, std::string detail, std::string peers = {}) {
-    throw_error(code, {.operation = "rendezvous",
-                       .rank = rank,
-                       .peers = std::move(peers),
-                       .address = address,
-                       .detail = std::move(detail)});
-  };
-
-  // The public operations, not the *_impl coroutines: those must run on the
-  // store's own executor (a strand for tcp_store), and this may not.
-  // What this rank finds wrong, the others are told before it fails.
+// This rank's claim on its place: what it finds wrong ("" if nothing: a
+// rank claimed twice, a world size other ranks disagree with), and the
+// size the ranks that agreed wait for. The public operations, not the
+// *_impl coroutines: those must run on the store's own executor (a strand
+// for tcp_store), and this may not.
+DCOMM_EMIT_ON_USE inline asio::awaitable<std::pair<std::string, int>> claim_place(
+    std::shared_ptr<store> s, int rank, int world_size) {
   std::string wrong;
-  int others = world_size;  // the size the ranks that agreed wait for
+  int others = world_size;
   auto joins = co_await s->add(rdzv_key(rank, "joins"), 1);
   if (joins > 1) {
     wrong = "rank " + std::to_string(rank) +
@@ -218,6 +208,25 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store>
       }
     }
   }
+  co_return std::pair{std::move(wrong), others};
+}
+
+// The protocol, on any store (thread worlds pass a shared hash_store).
+DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank,
+                                                          int world_size, std::string address,
+                                                          const rendezvous_options& options) {
+  const auto start = detail::clock::now();
+  const auto deadline = start + options.timeout;
+  auto fail = [&](errc code, std::string detail, std::string peers = {}) {
+    throw_error(code, {.operation = "rendezvous",
+                       .rank = rank,
+                       .peers = std::move(peers),
+                       .address = address,
+                       .detail = std::move(detail)});
+  };
+
+  // What this rank finds wrong, the others are told before it fails.
+  auto [wrong, others] = co_await claim_place(s, rank, world_size);
   if (!wrong.empty()) {
     co_await tell_misconfigured(s, rank, others, wrong);
     fail(errc::mismatch, wrong);

@@ -60,6 +60,9 @@ class mpi_backend::scratch_lease {
   std::vector<std::byte> buf_;
 };
 
+// Length: one schedule (fold, doubling steps, unfold) whose steps share the
+// exchange's state (landing, poison, mismatch, the two requests) through
+// the lambdas at its top; split, each part would take all of it.
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
     op_context ctx, const_tensor_view in, tensor_view out, reducer r, const char* operation) {
   const int n = ctx.group->size(), me = ctx.group->rank;
