@@ -16,6 +16,8 @@
    just above it says why (a line starting with "// Length:"). Functions
    are found at namespace and class scope by their braces, comments and
    strings blanked (functions(), below): a lambda counts in its function.
+7. A header that includes an Asio header includes detail/asio_config.hpp
+   (or detail/asio.hpp, which does) before it: Asio configured one way.
 
 Run from anywhere: check_layout.py <repository root>. Prints each breach
 and exits 1 if there is one.
@@ -199,6 +201,12 @@ def main(root):
         if fl is None:
             breaches.append(f'{h}: on no floor (add it to FLOORS in tests/check_layout.py)')
             continue
+        asio_at = [m.start() for m in re.finditer(r'^#include\s+<asio[/.]', text, re.M)]
+        config_at = [m.start() for m in re.finditer(
+            r'^#include\s+"dcomm/detail/asio(_config)?\.hpp"', text, re.M)]
+        if asio_at and h not in ('dcomm/detail/asio.hpp',) and (
+                not config_at or config_at[0] > asio_at[0]):
+            breaches.append(f'{h} includes Asio before dcomm/detail/asio_config.hpp')
         lines = text.count('\n')
         head = text[:text.find('#pragma once')] if '#pragma once' in text else text[:2000]
         if lines > MAX_LINES and '// Size:' not in head:

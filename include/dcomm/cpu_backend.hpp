@@ -517,8 +517,8 @@ class cpu_backend {
   // and the group has an arena (its ranks all share this host: the world's
   // is the host's, another group claims its own while the host has one
   // free); asked for elsewhere, it is refused on every rank alike.
-  // Whatever the size: measured faster than the links at every size
-  // (docs/communicator.md).
+  // Any size: measured faster than the links at every size, but reduce's,
+  // which reduce asks for up to arena_reduce_limit (docs/communicator.md).
   bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
     if (!cpu::algorithms_of(op).shared_memory) return false;
     const algorithm asked = cpu::requested(op, ctx.algorithm, overrides_);

@@ -45,7 +45,7 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
 }  // namespace
 
 TEST_SUITE("cpu point to point") {
-  TEST_CASE("tcp_backend, the CPU backend's name in wave 1, still builds and runs a job") {
+  TEST_CASE("tcp_backend, the CPU backend's old name, still builds and runs a job") {
     DCOMM_TEST_DEADLINE(60s);
     static_assert(std::is_same_v<dcomm::tcp_backend, dcomm::cpu_backend>);
     using comm_type = dcomm::communicator<dcomm::tcp_backend>;

@@ -1,19 +1,9 @@
-// The one place dcomm includes Asio, so configuration stays consistent.
+// The whole of Asio, configured as every dcomm header sees it
+// (detail/asio_config.hpp), and the macros dcomm's coroutines are declared
+// with (DCOMM_EMIT_ON_USE, below).
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
-
-#ifndef ASIO_STANDALONE
-#define ASIO_STANDALONE
-#endif
-
-// Asio 1.22 enables co_await on clang only for the coroutines TS; clang 14
-// with libstdc++ has C++20 coroutines, so say so before Asio's config runs.
-#if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT) && defined(__cpp_impl_coroutine)
-#if __cpp_impl_coroutine >= 201902 && __has_include(<coroutine>)
-#define ASIO_HAS_CO_AWAIT 1
-#endif
-#endif
+#include "dcomm/detail/asio_config.hpp"  // first
 
 #include <asio.hpp>
 

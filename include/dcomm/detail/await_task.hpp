@@ -23,7 +23,7 @@
 // end at once still lets the rest of its io_context run.
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+#include "dcomm/detail/asio_config.hpp"  // first: before any Asio header
 
 #include <asio/awaitable.hpp>
 #include <asio/use_awaitable.hpp>

@@ -4,7 +4,7 @@
 // are refused with a message that says what to include.
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+#include "dcomm/detail/asio_config.hpp"  // first: before any Asio header
 
 #include <algorithm>
 #include <asio/any_io_executor.hpp>

@@ -27,7 +27,7 @@
 // tag for that reason, and callers keep such arguments in named variables.
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+#include "dcomm/detail/asio_config.hpp"  // first: before any Asio header
 
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_allocator.hpp>

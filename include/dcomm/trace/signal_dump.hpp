@@ -6,7 +6,7 @@
 // replaces the signal's disposition while it exists).
 #pragma once
 
-#include "dcomm/detail/cxx20.hpp"  // first: a clear error without C++20
+#include "dcomm/detail/asio_config.hpp"  // first: before any Asio header
 
 #include <asio/post.hpp>
 #include <asio/signal_set.hpp>

@@ -31,15 +31,6 @@ struct match_key {
   friend bool operator==(const match_key&, const match_key&) = default;
 };
 
-struct match_key_hash {
-  std::size_t operator()(const match_key& k) const noexcept {
-    std::uint64_t h = k.group * 0x9e3779b97f4a7c15ull;
-    h ^= k.seq + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
-    h ^= (std::uint64_t{k.step} << 1 | k.collective) + 0x94d049bb133111ebull + (h << 6) + (h >> 2);
-    return static_cast<std::size_t>(h);
-  }
-};
-
 inline match_key key_of(const wire_header& h) {
   return {h.collective, h.group, h.seq, h.step};
 }

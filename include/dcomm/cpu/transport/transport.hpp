@@ -1,5 +1,8 @@
-// The CPU backend's transport: one socket per peer (from connect_mesh), on
-// which every operation of every group travels as framed messages.
+// The CPU backend's transport: one link per peer, a socket of the mesh
+// (cpu/startup/mesh.hpp) or, to a peer on this host, a pair of shared
+// memory rings (impl/shm_links.hpp), over which every operation of every
+// group travels as framed messages (but the collectives that run in a
+// host's arena: cpu/algorithms/shared_memory.hpp).
 //
 // This header holds the transport class and its operations' life (add,
 // post, wait, abandon); its other jobs have headers of their own, included
@@ -166,11 +169,9 @@ class transport : public std::enable_shared_from_this<transport> {
     return l.said_bye && l.bye_reason != fail_reason::none && l.bye_culprit >= 0 ? l.bye_culprit
                                                                                  : p;
   }
-  const std::string& lost_reason(int p) const { return links_[static_cast<std::size_t>(p)]->why; }
   std::string peer_address(int p) const { return links_[static_cast<std::size_t>(p)]->address; }
   bool stopped() const { return aborted_ || closed_; }
   // Collective calls that failed, recorded here (bounded: see failed_calls.hpp).
-  std::size_t failed_calls_recorded() const { return failed_calls_.size(); }
 
   void add_op(op_state& op) {
     op.next_op = ops_;
