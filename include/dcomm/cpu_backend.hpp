@@ -21,8 +21,6 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
-#include "dcomm/detail/device_memory.hpp"
-#include "dcomm/store/store.hpp"
 #include "dcomm/cpu/algorithms/all_gather.hpp"
 #include "dcomm/cpu/algorithms/all_reduce.hpp"
 #include "dcomm/cpu/algorithms/all_to_all.hpp"
@@ -36,10 +34,12 @@
 #include "dcomm/cpu/algorithms/shared_memory.hpp"
 #include "dcomm/cpu/backend_options.hpp"
 #include "dcomm/cpu/call.hpp"
-#include "dcomm/cpu/startup/connect.hpp"
 #include "dcomm/cpu/staging.hpp"
+#include "dcomm/cpu/startup/connect.hpp"
 #include "dcomm/cpu/transport/transport.hpp"
 #include "dcomm/cpu/tuning.hpp"
+#include "dcomm/detail/device_memory.hpp"
+#include "dcomm/store/store.hpp"
 
 namespace dcomm {
 

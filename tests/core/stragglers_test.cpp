@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "dcomm/communicator.hpp"
+#include "dcomm/cpu/startup/locality.hpp"
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/detail/arrivals.hpp"
-#include "dcomm/cpu/startup/locality.hpp"
 #include "support/comm_world.hpp"
 #include "support/deadline.hpp"
 

@@ -16,11 +16,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "dcomm/cpu/call.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/device_memory.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
-#include "dcomm/cpu/call.hpp"
 
 namespace dcomm::cpu {
 

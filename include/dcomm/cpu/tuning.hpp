@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
-#include "dcomm/error.hpp"
 #include "dcomm/cpu/wire_format.hpp"
+#include "dcomm/error.hpp"
 
 namespace dcomm::cpu {
 

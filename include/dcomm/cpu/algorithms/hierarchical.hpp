@@ -29,7 +29,6 @@
 #include <cstring>
 #include <utility>
 
-#include "dcomm/reduce_op.hpp"
 #include "dcomm/cpu/algorithms/all_reduce.hpp"
 #include "dcomm/cpu/algorithms/barrier.hpp"
 #include "dcomm/cpu/algorithms/broadcast.hpp"
@@ -37,6 +36,7 @@
 #include "dcomm/cpu/algorithms/ring.hpp"
 #include "dcomm/cpu/call.hpp"
 #include "dcomm/cpu/startup/hosts.hpp"
+#include "dcomm/reduce_op.hpp"
 
 namespace dcomm::cpu {
 

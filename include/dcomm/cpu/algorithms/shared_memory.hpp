@@ -26,9 +26,9 @@
 #include <cstddef>
 #include <cstring>
 
-#include "dcomm/shm/single_copy.hpp"
-#include "dcomm/cpu/call.hpp"
 #include "dcomm/cpu/algorithms/shm_arena.hpp"
+#include "dcomm/cpu/call.hpp"
+#include "dcomm/shm/single_copy.hpp"
 
 namespace dcomm::cpu {
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <system_error>
 
-#include "dcomm/shm/arena.hpp"
 #include "dcomm/cpu/call.hpp"
+#include "dcomm/shm/arena.hpp"
 
 namespace dcomm::cpu {
 

@@ -9,15 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "dcomm/cpu/startup/interfaces.hpp"
+#include "dcomm/cpu/startup/locality.hpp"
+#include "dcomm/cpu/startup/mesh.hpp"
+#include "dcomm/cpu/transport/transport.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/shm/handover.hpp"
 #include "dcomm/store/store.hpp"
-#include "dcomm/cpu/startup/interfaces.hpp"
-#include "dcomm/cpu/startup/locality.hpp"
-#include "dcomm/cpu/startup/mesh.hpp"
-#include "dcomm/cpu/transport/transport.hpp"
 
 namespace dcomm::cpu {
 

@@ -22,12 +22,12 @@
 #include <system_error>
 #include <vector>
 
+#include "dcomm/cpu/startup/published.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/shm/host_identity.hpp"
 #include "dcomm/store/store.hpp"
-#include "dcomm/cpu/startup/published.hpp"
 
 namespace dcomm::cpu {
 

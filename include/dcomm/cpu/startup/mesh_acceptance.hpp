@@ -38,13 +38,13 @@
 #include <vector>
 
 #include "dcomm/completion.hpp"
+#include "dcomm/cpu/startup/mesh_options.hpp"
+#include "dcomm/cpu/wire_format.hpp"
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/handshake.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/error.hpp"
-#include "dcomm/cpu/startup/mesh_options.hpp"
-#include "dcomm/cpu/wire_format.hpp"
 
 namespace dcomm::cpu::mesh_detail {
 

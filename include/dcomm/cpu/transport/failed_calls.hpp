@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "dcomm/error.hpp"
 #include "dcomm/cpu/wire_format.hpp"
+#include "dcomm/error.hpp"
 
 namespace dcomm::cpu {
 

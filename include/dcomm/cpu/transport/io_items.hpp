@@ -16,10 +16,10 @@
 #include <string_view>
 #include <vector>
 
+#include "dcomm/cpu/wire_format.hpp"
 #include "dcomm/detail/arrivals.hpp"
 #include "dcomm/detail/asio.hpp"
 #include "dcomm/detail/clock.hpp"
-#include "dcomm/cpu/wire_format.hpp"
 
 namespace dcomm::cpu {
 

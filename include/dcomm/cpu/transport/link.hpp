@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "dcomm/detail/asio.hpp"
-#include "dcomm/detail/socket.hpp"
-#include "dcomm/shm/channel.hpp"
 #include "dcomm/cpu/transport/io_items.hpp"
 #include "dcomm/cpu/transport/pool.hpp"
 #include "dcomm/cpu/wire_format.hpp"
+#include "dcomm/detail/asio.hpp"
+#include "dcomm/detail/socket.hpp"
+#include "dcomm/shm/channel.hpp"
 
 namespace dcomm::cpu {
 

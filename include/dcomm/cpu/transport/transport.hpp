@@ -61,18 +61,18 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
+#include "dcomm/cpu/startup/hosts.hpp"
+#include "dcomm/cpu/startup/mesh.hpp"
+#include "dcomm/cpu/transport/failed_calls.hpp"
+#include "dcomm/cpu/transport/io_items.hpp"
+#include "dcomm/cpu/transport/link.hpp"
+#include "dcomm/cpu/transport/pool.hpp"
+#include "dcomm/cpu/wire_format.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
 #include "dcomm/detail/task.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/shm/segment.hpp"
-#include "dcomm/cpu/transport/failed_calls.hpp"
-#include "dcomm/cpu/startup/hosts.hpp"
-#include "dcomm/cpu/transport/io_items.hpp"
-#include "dcomm/cpu/transport/link.hpp"
-#include "dcomm/cpu/startup/mesh.hpp"
-#include "dcomm/cpu/transport/pool.hpp"
-#include "dcomm/cpu/wire_format.hpp"
 
 namespace dcomm::cpu {
 

@@ -28,8 +28,8 @@
 #include <tuple>
 #include <utility>
 
-#include "dcomm/detail/clock.hpp"
 #include "dcomm/cpu/transport/transport.hpp"
+#include "dcomm/detail/clock.hpp"
 
 namespace dcomm::cpu {
 
