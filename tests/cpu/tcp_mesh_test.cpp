@@ -763,8 +763,7 @@ class faulty_store final : public dcomm::store {
   asio::awaitable<void> set_impl(std::string key, std::string value) override {
     co_await inner_->set(std::move(key), std::move(value), asio::use_awaitable);
   }
-  asio::awaitable<std::string> get_impl(std::string key,
-                                        dcomm::detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
     if (lose_hosts_ && contains(key, "/host/"))
       dcomm::throw_error(errc::peer_lost, {.operation = "tcp_store",
                                            .peers = "rank 2",
@@ -785,8 +784,7 @@ class faulty_store final : public dcomm::store {
     co_return co_await inner_->compare_set(std::move(key), std::move(expected), std::move(desired),
                                            asio::use_awaitable);
   }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  dcomm::detail::clock::time_point deadline) override {
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
     co_await inner_->wait(std::move(keys), dcomm::detail::time_left(deadline), asio::use_awaitable);
   }
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {

@@ -62,7 +62,6 @@ struct c10d_store_options {
 class c10d_store final : public store {
   using dialect = store_detail::c10d::dialect;
   using query = store_detail::c10d::query;
-  using time_point = detail::clock::time_point;
   using socket_ptr = std::shared_ptr<detail::ip_tcp::socket>;
 
   // with_deadline's cancel: a raw pointer, not a copy of the shared_ptr

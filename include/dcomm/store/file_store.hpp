@@ -115,8 +115,7 @@ class file_store final : public store {
     }
   }
 
-  asio::awaitable<std::string> get_impl(std::string key,
-                                        detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
     constexpr const char* op = "file_store.get";
     check_key(key, op);
     auto backoff = poll_backoff_start;
@@ -187,8 +186,7 @@ class file_store final : public store {
     co_return result;
   }
 
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  detail::clock::time_point deadline) override {
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
     constexpr const char* op = "file_store.wait";
     for (const auto& k : keys) check_key(k, op);
     auto backoff = poll_backoff_start;

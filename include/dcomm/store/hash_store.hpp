@@ -55,8 +55,7 @@ class hash_store final : public store {
     data().set(key, std::move(value));
     co_return;
   }
-  asio::awaitable<std::string> get_impl(std::string key,
-                                        detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
     // Named, not a braced temporary: g++ 12 miscompiles initializer lists
     // inside co_await expressions ("array used as initializer").
     std::vector<std::string> keys(1, key);
@@ -72,8 +71,7 @@ class hash_store final : public store {
                                                 std::string desired) override {
     co_return data().compare_set(key, expected, std::move(desired));
   }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  detail::clock::time_point deadline) override {
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
     auto missing = co_await data().wait_for(keys, deadline);
     if (!missing.empty())
       throw_error(errc::timeout, {.operation = "hash_store.wait",

@@ -29,8 +29,7 @@ class prefix_store final : public store {
   asio::awaitable<void> set_impl(std::string key, std::string value) override {
     return inner_->set_impl(full(key), std::move(value));
   }
-  asio::awaitable<std::string> get_impl(std::string key,
-                                        detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
     return inner_->get_impl(full(key), deadline);
   }
   asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
@@ -40,8 +39,7 @@ class prefix_store final : public store {
                                                 std::string desired) override {
     return inner_->compare_set_impl(full(key), std::move(expected), std::move(desired));
   }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  detail::clock::time_point deadline) override {
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
     return inner_->wait_impl(full(std::move(keys)), deadline);
   }
   asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {

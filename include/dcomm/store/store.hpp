@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "dcomm/completion.hpp"
+#include "dcomm/detail/clock.hpp"
 #include "dcomm/error.hpp"
 
 namespace dcomm {
@@ -24,6 +26,12 @@ class store : public std::enable_shared_from_this<store> {
  public:
   using executor_type = asio::any_io_executor;
   using duration = std::chrono::milliseconds;
+  // The clock of the deadlines an implementation's get_impl and wait_impl
+  // are given: the steady clock, on which every deadline in dcomm is
+  // measured.
+  using clock = std::chrono::steady_clock;
+  using time_point = clock::time_point;
+  static_assert(std::is_same_v<clock, detail::clock>);
 
   static constexpr duration default_timeout = std::chrono::minutes(5);
 
@@ -105,13 +113,11 @@ class store : public std::enable_shared_from_this<store> {
 
  protected:
   virtual asio::awaitable<void> set_impl(std::string key, std::string value) = 0;
-  virtual asio::awaitable<std::string> get_impl(std::string key,
-                                                detail::clock::time_point deadline) = 0;
+  virtual asio::awaitable<std::string> get_impl(std::string key, time_point deadline) = 0;
   virtual asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) = 0;
   virtual asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
                                                         std::string desired) = 0;
-  virtual asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                          detail::clock::time_point deadline) = 0;
+  virtual asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) = 0;
   virtual asio::awaitable<bool> check_impl(std::vector<std::string> keys) = 0;
   virtual asio::awaitable<bool> delete_key_impl(std::string key) = 0;
   virtual asio::awaitable<std::int64_t> num_keys_impl() = 0;

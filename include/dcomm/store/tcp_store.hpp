@@ -108,8 +108,7 @@ class tcp_store final : public store {
     co_await request(store_detail::store_op::set, std::move(w), "tcp_store.set", key,
                      detail::clock::now() + timeout());
   }
-  asio::awaitable<std::string> get_impl(std::string key,
-                                        detail::clock::time_point deadline) override {
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
     std::vector<std::string> keys(1, key);
     detail::wire_writer w;
     w.strs(keys).u64(remaining_ms(deadline));
@@ -133,8 +132,7 @@ class tcp_store final : public store {
     co_return decode(reply, "tcp_store.compare_set", key,
                      [](detail::wire_reader& r) { return r.str(); });
   }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys,
-                                  detail::clock::time_point deadline) override {
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
     detail::wire_writer w;
     w.strs(keys).u64(remaining_ms(deadline));
     co_await request(store_detail::store_op::wait, std::move(w), "tcp_store.wait",
