@@ -98,7 +98,8 @@ class command_line {
     entry* e_;
   };
 
-  // `about`: what the program does, printed by --help under the usage line.
+  // `about`: what the program does, printed by --help under the usage line
+  // (wrapped at 79 columns, as the help of each option and the epilog).
   explicit command_line(std::string program, std::string about = {})
       : program_(std::move(program)), about_(std::move(about)) {
     entry& help = entries_.emplace_back();
@@ -264,14 +265,14 @@ class command_line {
   std::string help() const {
     std::string out = "usage: " + program_ + " " + (synopsis_.empty() ? synopsis() : synopsis_);
     out += "\n";
-    if (!about_.empty()) out += "\n" + about_ + (about_.ends_with('\n') ? "" : "\n");
+    if (!about_.empty()) out += "\n" + wrap(about_, 0);
     std::size_t column = 0;
     for (const entry& e : entries_) column = std::max(column, e.left().size() + 3);
     column = std::min<std::size_t>(column, 30);
     out += "\n";
     for (std::size_t i = 1; i <= entries_.size(); ++i)  // help, entries_[0], last
       out += table_row(entries_[i % entries_.size()], column);
-    if (!epilog_.empty()) out += "\n" + epilog_ + (epilog_.ends_with('\n') ? "" : "\n");
+    if (!epilog_.empty()) out += "\n" + wrap(epilog_, 0);
     return out;
   }
 
@@ -505,29 +506,35 @@ class command_line {
     return s;
   }
 
-  // "  --name V   help, wrapped at 80 columns under its start".
-  // A "\n" in the help starts a new line.
+  // "  --name V   help", the help wrapped under its start.
   static std::string table_row(const entry& e, std::size_t column) {
     std::string text = e.help;
     if (e.positional && !e.choices.empty()) text += (text.empty() ? "" : ": ") + e.choice_text();
     if (text.empty()) return e.left() + "\n";
-    std::string done = e.left(), line;  // done: the rows finished; line: the one being filled
-    if (done.size() + 2 <= column) {
-      line = done + std::string(column - done.size(), ' ');
-      done.clear();
-    } else {
-      done += "\n";
-      line.assign(column, ' ');
-    }
-    for (std::size_t at = 0; at < text.size();) {
+    if (e.left().size() + 2 > column) return e.left() + "\n" + wrap(text, column);
+    return wrap(text, column, e.left() + std::string(column - e.left().size(), ' '));
+  }
+
+  // `text` in lines of at most 79 columns, each indented by `indent` (the
+  // first by `first` where given); a "\n" in it starts a new line.
+  static std::string wrap(std::string_view text, std::size_t indent, std::string first = {}) {
+    std::string done, line = first.empty() ? std::string(indent, ' ') : std::move(first);
+    bool empty = true;  // no word on `line` yet
+    const auto end_line = [&] {
+      done += line + "\n";
+      line.assign(indent, ' ');
+      empty = true;
+    };
+    while (text.ends_with('\n')) text.remove_suffix(1);
+    for (std::size_t at = 0; at <= text.size();) {
       const auto end = std::min(text.find_first_of(" \n", at), text.size());
-      const std::string_view word = std::string_view(text).substr(at, end - at);
-      const bool first = line.size() == column;
-      if (!first && (line.size() + 1 + word.size() > 79 || text[at - 1] == '\n')) {
-        done += line + "\n";
-        line.assign(column, ' ');
+      const std::string_view word = text.substr(at, end - at);
+      if (!empty && line.size() + 1 + word.size() > 79) end_line();
+      if (!word.empty()) {
+        line.append(empty ? "" : " ").append(word);
+        empty = false;
       }
-      line.append(line.size() == column ? "" : " ").append(word);
+      if (end < text.size() && text[end] == '\n') end_line();
       at = end + 1;
     }
     return done + line + "\n";

@@ -274,6 +274,23 @@ TEST_SUITE("command line") {
           "  -h, --help   this text\n");
   }
 
+  TEST_CASE("--help wraps the about text and the epilog at 79 columns") {
+    command_line cl("prog",
+                    "One sentence long enough to need a second line when it is printed in a "
+                    "terminal of eighty columns.\nA line of its own.");
+    cl.epilog("Usage errors exit with 2.\n");
+    CHECK(cl.help() ==
+          "usage: prog [OPTIONS]\n"
+          "\n"
+          "One sentence long enough to need a second line when it is printed in a terminal\n"
+          "of eighty columns.\n"
+          "A line of its own.\n"
+          "\n"
+          "  -h, --help   this text\n"
+          "\n"
+          "Usage errors exit with 2.\n");
+  }
+
   TEST_CASE("read and read_bytes, for values from elsewhere") {
     CHECK(command_line::read<int>("42", 1) == 42);
     CHECK(command_line::read<double>("2.5") == 2.5);
