@@ -7,29 +7,15 @@
 //   dcomm-run -n 4 collective_bench --op all_reduce # ranks from env://
 //   collective_bench --world 2 --op all_reduce --min-bytes 4 --max-bytes 64M --factor 4
 //
-// Options: --op NAME|all (all_reduce broadcast reduce all_gather
-// reduce_scatter all_to_all gather scatter barrier sendrecv), --world N,
-// --min-bytes, --max-bytes, --factor, --iters N (0: 200 at small sizes,
-// fewer as sizes grow, at least 5), --warmup N, --dtype, --redop
-// sum|min|max, --algo (ring, recursive_doubling, shared_memory, ...), --chunk-bytes,
-// --slot-bytes (the shared memory arena's step),
-// --eager-limit, --staging-slice, --transport auto|shm|tcp (the links between
-// ranks of this host; the "links" column says which ran), --hosts K (the
-// ranks play K hosts of consecutive ranks: shared memory inside each, TCP
-// between them, and the hierarchical all_reduce), --no-confirm (confirm_rooted off: the
-// cpu_backend options), --no-check, --in-place (all_reduce into its input, as
-// ../shared/anchors' MPI_Allreduce(MPI_IN_PLACE) is called; the other ops as they are),
-// --device cpu|cuda (cuda: the tensors are in GPU memory, which the tcp
-// backend stages through page-locked host memory; where built with CUDA),
-// --backend cpu|mpi (mpi: under mpirun, where built with MPI; each
-// all_reduce, barrier and sendrecv row is followed by the same calls made
-// straight to MPI on the backend's communicator, links "raw": blocking,
-// "MPI_Allreduce", and for collectives non-blocking + MPI_Wait too,
-// "MPI_Iallreduce", the calls the backend makes: what the awaitable wrapper
-// adds), --blocking (the calls in their plain blocking form, dcomm::blocking, from
-// the main thread, on a communicator of the blocking init_process_group, whose backend
-// runs on an io thread of its own: what an MPI user writes first; compare its rows
-// with a run without it).
+// Options: collective_bench --help (the table is in parse()). With
+// --backend mpi, each all_reduce, barrier and sendrecv row is followed by
+// the same calls made straight to MPI on the backend's communicator, links
+// "raw": blocking, "MPI_Allreduce", and for collectives non-blocking +
+// MPI_Wait too, "MPI_Iallreduce", the calls the backend makes: what the
+// awaitable wrapper adds. --blocking makes the calls in their plain blocking
+// form (dcomm::blocking) from the main thread, on a communicator of the
+// blocking init_process_group, whose backend runs on an io thread of its
+// own: what an MPI user writes first; compare its rows with a run without it.
 //
 // Method, the same as ../shared/anchors/gloo_bench.cc so the rows compare:
 // before each timed call the ranks meet in a barrier; the row's time is
@@ -50,6 +36,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <dcomm/command_line.hpp>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/spawn.hpp>
 #include <optional>
@@ -57,8 +44,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include "bench_support.hpp"
 #if DCOMM_HAS_CUDA
 #include <dcomm/cuda.hpp>
 #endif
@@ -67,7 +52,7 @@
 // operator new and Asio's handler memory too): the CPU backend promises none
 // per operation in steady state.
 #define DCOMM_HEAP_COUNTER_IMPLEMENT
-#include "support/heap_counter.hpp"
+#include "../tests/support/heap_counter.hpp"
 
 #if DCOMM_HAS_MPI
 #include <dcomm/mpi.hpp>
@@ -105,105 +90,80 @@ struct settings {
   bool blocking = false;       // dcomm::blocking calls from the main thread
 };
 
-using dcomm::bench::parse_bytes;
+// The choices of --dtype: every dtype up to float64, by name.
+std::vector<std::pair<std::string, dcomm::dtype>> dtypes() {
+  std::vector<std::pair<std::string, dcomm::dtype>> all;
+  for (int t = 0; t <= static_cast<int>(dcomm::dtype::float64); ++t)
+    all.emplace_back(dcomm::name(static_cast<dcomm::dtype>(t)), static_cast<dcomm::dtype>(t));
+  return all;
+}
 
+// The options: one line each, in the table --help prints.
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--op") {
-      auto v = value();
-      if (v != "all") {
-        if (std::find(all_ops.begin(), all_ops.end(), v) == all_ops.end())
-          throw std::invalid_argument("unknown --op " + v);
-        s.ops = {v};
-      }
-    } else if (a == "--world") {
-      s.world = std::stoi(value());
-    } else if (a == "--min-bytes") {
-      s.min_bytes = parse_bytes(value());
-    } else if (a == "--max-bytes") {
-      s.max_bytes = parse_bytes(value());
-    } else if (a == "--factor") {
-      s.factor = std::max<std::size_t>(2, std::stoull(value()));
-    } else if (a == "--iters") {
-      s.iters = std::stoi(value());
-    } else if (a == "--warmup") {
-      s.warmup = std::stoi(value());
-    } else if (a == "--dtype") {
-      auto v = value();
-      bool found = false;
-      for (int t = 0; t <= static_cast<int>(dcomm::dtype::float64); ++t)
-        if (dcomm::name(static_cast<dcomm::dtype>(t)) == v) {
-          s.type = static_cast<dcomm::dtype>(t);
-          found = true;
-        }
-      if (!found) throw std::invalid_argument("unknown --dtype " + v);
-    } else if (a == "--redop") {
-      s.redop = value();
-      if (s.redop != "sum" && s.redop != "min" && s.redop != "max")
-        throw std::invalid_argument("--redop: sum, min or max");
-    } else if (a == "--algo") {
-      auto v = value();
-      auto parsed = dcomm::parse_algorithm(v);
-      if (!parsed) throw std::invalid_argument("unknown --algo " + v);
-      s.algo = *parsed;
-    } else if (a == "--chunk-bytes") {
-      s.chunk_bytes = parse_bytes(value());
-    } else if (a == "--slot-bytes") {
-      s.slot_bytes = parse_bytes(value());
-    } else if (a == "--eager-limit") {
-      s.eager_limit = parse_bytes(value());
-    } else if (a == "--staging-slice") {
-      s.staging_slice = parse_bytes(value());
-    } else if (a == "--device") {
-      auto v = value();
-      if (v != "cpu" && v != "cuda") throw std::invalid_argument("--device: cpu or cuda");
-      s.cuda = v == "cuda";
+  std::string op = "all";
+  dcomm::command_line cl("collective_bench",
+                         "Collectives and point-to-point over dcomm's CPU backend, in nccl-tests "
+                         "style rows.");
+  std::vector<std::string> ops = all_ops;
+  ops.push_back("all");
+  cl.option(
+        "op", op, "NAME",
+        "the operation, or all: " +
+            [] {
+              std::string names;
+              for (const auto& o : all_ops) names += (names.empty() ? "" : " ") + o;
+              return names;
+            }())
+      .one_of(ops);
+  cl.option("world", s.world, "N", "spawn N local ranks; 0: one rank of a launched job (env://)")
+      .at_least(0);
+  cl.bytes("min-bytes", s.min_bytes, "B", "the first size: 8, 4K, 64M, 1G; 8");
+  cl.bytes("max-bytes", s.max_bytes, "B", "the last size; 256M");
+  cl.option("factor", s.factor, "F", "each size is F times the one before; 2").at_least(2);
+  cl.option("iters", s.iters, "N",
+            "timed calls per size; 0: 200 at small sizes, fewer as sizes grow, at least 5")
+      .at_least(0);
+  cl.option("warmup", s.warmup, "N", "untimed calls first; 3").at_least(0);
+  cl.choice("dtype", s.type, dtypes(), "T", "the elements' type; float32");
+  cl.option("redop", s.redop, "OP", "sum, min or max; sum").one_of({"sum", "min", "max"});
+  cl.custom("algo", "A", "the algorithm (ring, recursive_doubling, shared_memory, ...); automatic",
+            [&s](std::string_view v) {
+              const auto algo = dcomm::parse_algorithm(v);
+              if (!algo)
+                throw dcomm::usage_error("needs an algorithm, not '" + std::string(v) + "'");
+              s.algo = *algo;
+            });
+  cl.bytes("chunk-bytes", s.chunk_bytes, "B", "cpu_backend's chunk_bytes");
+  cl.bytes("slot-bytes", s.slot_bytes, "B", "the shared memory arena's step");
+  cl.bytes("eager-limit", s.eager_limit, "B", "cpu_backend's eager_limit");
+  cl.bytes("staging-slice", s.staging_slice, "B", "cpu_backend's staging_slice (--device cuda)");
+  cl.choice("device", s.cuda, {{"cpu", false}, {"cuda", true}}, "cpu|cuda",
+            "where the tensors are: cuda, in GPU memory, staged by the backend through "
+            "page-locked host memory (where built with CUDA); cpu");
+  cl.option("transport", s.transport, "auto|shm|tcp",
+            "the links between ranks of this host (the \"links\" column says which ran)")
+      .one_of({"auto", "shm", "tcp"});
+  cl.option("hosts", s.hosts, "K",
+            "the ranks play K hosts of consecutive ranks: shared memory inside each, TCP "
+            "between them, and the hierarchical all_reduce")
+      .at_least(1);
+  cl.flag("no-confirm", s.confirm, "cpu_backend's confirm_rooted off", false);
+  cl.flag("no-check", s.check, "leave the results unchecked", false);
+  cl.flag("in-place", s.in_place,
+          "all_reduce into its input (as MPI_Allreduce(MPI_IN_PLACE)); the other ops as they are");
+  cl.flag("blocking", s.blocking, "the calls in their blocking form, from the main thread");
+  cl.choice("backend", s.mpi, {{"cpu", false}, {"mpi", true}}, "cpu|mpi",
+            "mpi: under mpirun (where built with MPI), each row beside the raw MPI calls; cpu");
+  cl.parse(argc, argv);
+  if (op != "all") s.ops = {op};
 #if !DCOMM_HAS_CUDA
-      if (s.cuda) throw std::invalid_argument("--device cuda: this build has no CUDA runtime");
+  if (s.cuda) cl.fail("--device cuda: this build has no CUDA runtime");
 #endif
-    } else if (a == "--hosts") {
-      s.hosts = std::stoi(value());
-      if (s.hosts < 1) throw std::invalid_argument("--hosts: 1 or more");
-    } else if (a == "--backend") {
-      auto v = value();
-      if (v != "cpu" && v != "mpi") throw std::invalid_argument("--backend: cpu or mpi");
-      s.mpi = v == "mpi";
 #if !DCOMM_HAS_MPI
-      if (s.mpi) throw std::invalid_argument("--backend mpi: this build has no MPI");
+  if (s.mpi) cl.fail("--backend mpi: this build has no MPI");
 #endif
-    } else if (a == "--transport") {
-      s.transport = value();
-      if (s.transport != "auto" && s.transport != "shm" && s.transport != "tcp")
-        throw std::invalid_argument("--transport: auto, shm or tcp");
-    } else if (a == "--no-check") {
-      s.check = false;
-    } else if (a == "--in-place") {
-      s.in_place = true;
-    } else if (a == "--no-confirm") {
-      s.confirm = false;
-    } else if (a == "--blocking") {
-      s.blocking = true;
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "collective_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
-          "                 [--factor F] [--iters N] [--warmup N] [--dtype T]\n"
-          "                 [--redop sum|min|max] [--algo A] [--chunk-bytes B]\n"
-          "                 [--slot-bytes B]\n"
-          "                 [--eager-limit B] [--staging-slice B] [--device cpu|cuda]\n"
-          "                 [--transport auto|shm|tcp] [--hosts K] [--no-confirm] [--no-check]\n"
-          "                 [--in-place] [--blocking]\n"
-          "                 [--backend cpu|mpi]\n");
-      std::exit(0);
-    } else {
-      throw std::invalid_argument("unknown argument " + a);
-    }
-  }
+  if (s.mpi && s.world > 0) cl.fail("--backend mpi takes its ranks from mpirun");
   return s;
 }
 
@@ -688,10 +648,7 @@ int main(int argc, char** argv) {
   try {
     auto s = parse(argc, argv);
 #if DCOMM_HAS_MPI
-    if (s.mpi) {
-      if (s.world > 0) throw std::invalid_argument("--backend mpi takes its ranks from mpirun");
-      return run_mpi(s);
-    }
+    if (s.mpi) return run_mpi(s);
 #endif
     if (s.world > 0)
       dcomm::spawn(s.world, [&](int) { return run_rank(s); });

@@ -5,11 +5,7 @@
 //   nccl_bench --world 2               # spawns 2 local ranks (one GPU each)
 //   dcomm-run -n 8 nccl_bench --op all_reduce
 //
-// Options: --op NAME|all (all_reduce broadcast reduce all_gather
-// reduce_scatter), --world N, --min-bytes, --max-bytes, --factor, --iters N
-// (0: 200 at small sizes, fewer as sizes grow, at least 10), --warmup N,
-// --spin US (nccl_backend::options::spin, in microseconds), --mode
-// latency|batch|both (default both).
+// Options: nccl_bench --help (the table is in parse()).
 //
 // latency: per size, three ways of doing the same float32 operation,
 // interleaved call by call so that drift hits all three alike:
@@ -36,6 +32,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <dcomm/command_line.hpp>
 #include <dcomm/communicator.hpp>
 #include <dcomm/cuda.hpp>
 #include <dcomm/init_process_group.hpp>
@@ -44,8 +41,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "bench_support.hpp"
 
 namespace {
 
@@ -68,53 +63,36 @@ struct settings {
   bool latency = true, batch = true;
 };
 
-using dcomm::bench::parse_bytes;
-
+// The options: one line each, in the table --help prints.
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--op") {
-      auto v = value();
-      if (v != "all") {
-        if (std::find(all_ops.begin(), all_ops.end(), v) == all_ops.end())
-          throw std::invalid_argument("unknown --op " + v);
-        s.ops = {v};
-      }
-    } else if (a == "--world") {
-      s.world = std::stoi(value());
-    } else if (a == "--min-bytes") {
-      s.min_bytes = parse_bytes(value());
-    } else if (a == "--max-bytes") {
-      s.max_bytes = parse_bytes(value());
-    } else if (a == "--factor") {
-      s.factor = std::max<std::size_t>(2, std::stoull(value()));
-    } else if (a == "--iters") {
-      s.iters = std::stoi(value());
-    } else if (a == "--warmup") {
-      s.warmup = std::stoi(value());
-    } else if (a == "--spin") {
-      s.spin_us = std::stoi(value());
-    } else if (a == "--mode") {
-      auto v = value();
-      if (v != "latency" && v != "batch" && v != "both")
-        throw std::invalid_argument("--mode: latency, batch or both");
-      s.latency = v != "batch";
-      s.batch = v != "latency";
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "nccl_bench [--op NAME|all] [--world N] [--min-bytes B] [--max-bytes B]\n"
-          "           [--factor F] [--iters N] [--warmup N] [--spin US]\n"
-          "           [--mode latency|batch|both]\n");
-      std::exit(0);
-    } else {
-      throw std::invalid_argument("unknown argument " + a);
-    }
-  }
+  std::string op = "all", mode = "both";
+  dcomm::command_line cl("nccl_bench",
+                         "The NCCL backend against raw NCCL calls on the same communicator, in "
+                         "nccl-tests style rows.");
+  std::vector<std::string> ops = all_ops;
+  ops.push_back("all");
+  cl.option("op", op, "NAME",
+            "the operation (all_reduce broadcast reduce all_gather reduce_scatter), or all")
+      .one_of(ops);
+  cl.option("world", s.world, "N",
+            "spawn N local ranks, a GPU each; 0: one rank of a launched job (env://), or a "
+            "world of one without it")
+      .at_least(0);
+  cl.bytes("min-bytes", s.min_bytes, "B", "the first size: 8, 4K, 64M, 1G; 8");
+  cl.bytes("max-bytes", s.max_bytes, "B", "the last size; 256M");
+  cl.option("factor", s.factor, "F", "each size is F times the one before; 2").at_least(2);
+  cl.option("iters", s.iters, "N",
+            "timed calls per size; 0: 200 at small sizes, fewer as sizes grow, at least 10")
+      .at_least(0);
+  cl.option("warmup", s.warmup, "N", "untimed calls first; 5").at_least(0);
+  cl.option("spin", s.spin_us, "US", "nccl_backend::options::spin, in microseconds").at_least(0);
+  cl.option("mode", mode, "latency|batch|both", "which tables to print; both")
+      .one_of({"latency", "batch", "both"});
+  cl.parse(argc, argv);
+  if (op != "all") s.ops = {op};
+  s.latency = mode != "batch";
+  s.batch = mode != "latency";
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <dcomm/command_line.hpp>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/rpc.hpp>
 #include <dcomm/spawn.hpp>
@@ -153,24 +154,17 @@ int run_rank(const settings& s) {
 
 int main(int argc, char** argv) {
   settings s;
+  dcomm::command_line cl(
+      "rpc_bench",
+      "Remote calls between two ranks, beside the send/recv ping-pong they are "
+      "built on. Rank 0 calls, rank 1 serves; DCOMM_TRANSPORT=tcp: over loopback "
+      "TCP.");
+  cl.option("iters", s.iters, "N", "timed calls per row; 20000").at_least(1);
+  cl.option("warmup", s.warmup, "N", "untimed calls first; 1000").at_least(0);
+  cl.option("in-flight", s.in_flight, "K", "calls kept going in the last row; 64").at_least(1);
+  cl.flag("launched", s.launched, "one rank of a job dcomm-run started (else: spawns 2 ranks)");
+  cl.parse(argc, argv);
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&] {
-        if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-        return std::stoi(argv[++i]);
-      };
-      if (a == "--iters")
-        s.iters = std::max(1, value());
-      else if (a == "--warmup")
-        s.warmup = std::max(0, value());
-      else if (a == "--in-flight")
-        s.in_flight = std::max(1, value());
-      else if (a == "--launched")
-        s.launched = true;
-      else
-        throw std::invalid_argument("unknown argument " + a + " (see bench/rpc_bench.cpp)");
-    }
     if (s.launched) return run_rank(s);
     dcomm::spawn(2, [&](int) { return run_rank(s); });
     return 0;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <dcomm/command_line.hpp>
 #include <dcomm/store/tcp_store.hpp>
 #include <string>
 #include <vector>
@@ -37,8 +38,14 @@ row measure(int iterations, F&& op) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (std::size_t{1} << 20);
-  int iterations = argc > 2 ? std::atoi(argv[2]) : 200;
+  std::size_t max_bytes = std::size_t{1} << 20;
+  int iterations = 200;
+  dcomm::command_line cl("store_bench",
+                         "Store round trips over loopback: a tcp_store server and a client in "
+                         "this process.");
+  cl.argument("MAX_BYTES", max_bytes, "the largest value set and read; 1048576").optional();
+  cl.argument("ITERATIONS", iterations, "calls per row; 200").optional().at_least(1);
+  cl.parse(argc, argv);
   dcomm::detail::io_thread server_thread;
   auto server =
       dcomm::tcp_store_server::start(server_thread.get_executor(), {.bind_host = "127.0.0.1"});

@@ -1,13 +1,16 @@
 // Fashion-MNIST from Debian's dataset-fashion-mnist: the gzip IDX files,
-// read with zlib, normalised. Shared by the examples that train on it.
+// read with zlib, normalised; and the command-line options of the training
+// examples. Shared by the examples that train on it.
 #pragma once
 
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <dcomm/command_line.hpp>
 #include <filesystem>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,6 +70,29 @@ inline dataset load(const std::string& dir, const std::string& prefix, std::size
   for (std::size_t i = 0; i < n * 784; ++i)
     d.images[i] = (static_cast<float>(img[16 + i]) / 255.0f - 0.2860f) / 0.3530f;
   return d;
+}
+
+// The options the training examples share, into `s` (a program's settings:
+// world, epochs, lr, momentum, batch, data, train_limit, and seed where it
+// has one), whose values on entry are the defaults --help shows.
+template <class Settings>
+void training_options(dcomm::command_line& cl, Settings& s, const std::string& batch_help) {
+  const auto was = [](const auto& v) {
+    std::ostringstream text;
+    text << v;
+    return "; " + text.str();
+  };
+  cl.option("world", s.world, "N",
+            "spawn N local ranks; 0: this process is one rank of a launched job (env://)")
+      .at_least(0);
+  cl.option("epochs", s.epochs, "N", "passes over the training set" + was(s.epochs)).at_least(1);
+  cl.option("lr", s.lr, "RATE", "the learning rate" + was(s.lr));
+  cl.option("momentum", s.momentum, "M", "SGD's momentum" + was(s.momentum));
+  cl.option("batch", s.batch, "N", batch_help + was(s.batch)).at_least(1);
+  if constexpr (requires { s.seed; })
+    cl.option("seed", s.seed, "N", "the shuffle's seed" + was(s.seed));
+  cl.option("data", s.data, "DIR", "the dataset's folder" + was(s.data));
+  cl.option("train-limit", s.train_limit, "N", "use the first N training images; 0: all");
 }
 
 }  // namespace fashion_mnist

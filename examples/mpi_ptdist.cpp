@@ -7,6 +7,7 @@
 //
 // Rank and world come from mpirun: no init_method, no store.
 #include <cstdio>
+#include <dcomm/command_line.hpp>
 #include <dcomm/dcomm.hpp>
 #include <dcomm/mpi.hpp>
 #include <string>
@@ -61,11 +62,12 @@ void all_reduce(comm_t& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string program = argc > 1 ? argv[1] : "";
-  if (program != "send_recv" && program != "all_reduce") {
-    std::fprintf(stderr, "usage: mpirun -np N mpi_ptdist send_recv|all_reduce\n");
-    return 2;
-  }
+  std::string program;
+  dcomm::command_line cl("mpi_ptdist",
+                         "ptdist.py's programs on the MPI backend: run under mpirun -np N.");
+  cl.argument("PROGRAM", program, "send_recv: -np 2; all_reduce: -np 3")
+      .one_of({"send_recv", "all_reduce"});
+  cl.parse(argc, argv);
   try {
     auto comm =
         dcomm::init_process_group<dcomm::mpi_backend>({});  // dist.init_process_group('mpi')

@@ -145,33 +145,11 @@ asio::awaitable<void> run(const settings& s) {
 
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--world")
-      s.world = std::stoi(value());
-    else if (a == "--epochs")
-      s.epochs = std::stoi(value());
-    else if (a == "--lr")
-      s.lr = std::stof(value());
-    else if (a == "--momentum")
-      s.momentum = std::stof(value());
-    else if (a == "--batch")
-      s.batch = std::stoi(value());
-    else if (a == "--seed")
-      s.seed = std::stoull(value());
-    else if (a == "--data")
-      s.data = value();
-    else if (a == "--train-limit")
-      s.train_limit = std::stoull(value());
-    else
-      throw std::invalid_argument("unknown argument " + a +
-                                  " (see the top of examples/parameter_server.cpp)");
-  }
-  if (s.epochs < 1 || s.batch < 1) throw std::invalid_argument("--epochs and --batch must be >= 1");
+  dcomm::command_line cl("parameter_server",
+                         "Asynchronous SGD on Fashion-MNIST through a parameter server over "
+                         "remote calls: rank 0 holds the model, the others train.");
+  fashion_mnist::training_options(cl, s, "images per push");
+  cl.parse(argc, argv);
   return s;
 }
 

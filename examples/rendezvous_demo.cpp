@@ -12,7 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <dcomm/command_line.hpp>
 #include <dcomm/rendezvous.hpp>
 #include <string>
 #include <thread>
@@ -135,20 +135,17 @@ int spawn_local(int size) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int world = 0;  // 0: one rank of a launched job
+  dcomm::command_line cl("rendezvous_demo",
+                         "Ranks find each other through env:// and use the store they share.");
+  cl.option("world", world, "N",
+            "start N local ranks; without it, this process is one rank of a job whose launcher "
+            "set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE")
+      .at_least(1)
+      .at_most(256);
+  cl.parse(argc, argv);
   try {
-    if (argc == 3 && std::strcmp(argv[1], "--world") == 0) {
-      int size = std::atoi(argv[2]);
-      if (size < 1 || size > 256) {
-        std::fprintf(stderr, "--world takes 1..256 ranks\n");
-        return 2;
-      }
-      return spawn_local(size);
-    }
-    if (argc != 1) {
-      std::fprintf(stderr, "usage: %s [--world N]\n", argv[0]);
-      return 2;
-    }
-    return rank_main();
+    return world > 0 ? spawn_local(world) : rank_main();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

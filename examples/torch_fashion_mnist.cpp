@@ -121,27 +121,10 @@ int run(const settings& s) {
 
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-    std::string v = argv[++i];
-    if (a == "--world")
-      s.world = std::stoi(v);
-    else if (a == "--epochs")
-      s.epochs = std::stoi(v);
-    else if (a == "--lr")
-      s.lr = std::stod(v);
-    else if (a == "--momentum")
-      s.momentum = std::stod(v);
-    else if (a == "--batch")
-      s.batch = std::stoi(v);
-    else if (a == "--train-limit")
-      s.train_limit = std::stoull(v);
-    else if (a == "--data")
-      s.data = v;
-    else
-      throw std::invalid_argument("unknown argument " + a);
-  }
+  dcomm::command_line cl("torch_fashion_mnist",
+                         "A torch::nn model trained data-parallel, dcomm averaging its gradients.");
+  fashion_mnist::training_options(cl, s, "images per step, split across the ranks");
+  cl.parse(argc, argv);
   return s;
 }
 

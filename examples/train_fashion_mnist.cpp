@@ -235,48 +235,22 @@ int run(const settings& s) {
 
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--backend")
-      s.backend = value();
-    else if (a == "--world")
-      s.world = std::stoi(value());
-    else if (a == "--epochs")
-      s.epochs = std::stoi(value());
-    else if (a == "--lr")
-      s.lr = std::stof(value());
-    else if (a == "--momentum")
-      s.momentum = std::stof(value());
-    else if (a == "--batch")
-      s.batch = std::stoi(value());
-    else if (a == "--seed")
-      s.seed = std::stoull(value());
-    else if (a == "--data")
-      s.data = value();
-    else if (a == "--train-limit")
-      s.train_limit = std::stoull(value());
-    else if (a == "--slow-rank")
-      s.slow_rank = std::stoi(value());
-    else if (a == "--slow-ms")
-      s.slow_ms = std::stoi(value());
-    else if (a == "--average") {
-      auto v = value();
-      if (v != "bucketer" && v != "per_tensor")
-        throw std::invalid_argument("--average: bucketer or per_tensor");
-      s.bucketer = v == "bucketer";
-    } else
-      throw std::invalid_argument("unknown argument " + a +
-                                  " (see the top of examples/train_fashion_mnist.cpp)");
-  }
-  if (s.epochs < 1 || s.batch < 1) throw std::invalid_argument("--epochs and --batch must be >= 1");
-  if (s.backend != "cpu" && s.backend != "mpi")
-    throw std::invalid_argument("--backend: cpu or mpi");
+  dcomm::command_line cl("train_fashion_mnist",
+                         "Distributed synchronous SGD on Fashion-MNIST: a two-layer perceptron, "
+                         "its gradients averaged across the ranks.");
+  cl.option("backend", s.backend, "cpu|mpi",
+            "mpi: the MPI backend, ranks from mpirun (where built with MPI); cpu")
+      .one_of({"cpu", "mpi"});
+  fashion_mnist::training_options(cl, s, "images per step, split across the ranks");
+  cl.choice("average", s.bucketer, {{"bucketer", true}, {"per_tensor", false}},
+            "bucketer|per_tensor",
+            "gradient_bucketer during the backward pass, or one all_reduce per parameter after "
+            "it; bucketer");
+  cl.option("slow-rank", s.slow_rank, "R", "this rank sleeps --slow-ms per step (a straggler)");
+  cl.option("slow-ms", s.slow_ms, "MS", "how long it sleeps; 0").at_least(0);
+  cl.parse(argc, argv);
   if (s.backend == "mpi" && s.world > 0)
-    throw std::invalid_argument("--backend mpi takes its ranks from mpirun, not --world");
+    cl.fail("--backend mpi takes its ranks from mpirun, not --world");
   return s;
 }
 

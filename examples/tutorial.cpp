@@ -13,6 +13,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <dcomm/command_line.hpp>
 #include <dcomm/dcomm.hpp>
 #include <functional>
 #include <map>
@@ -261,22 +262,27 @@ int init_process(const program& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !programs().contains(argv[1])) {
-    std::fprintf(stderr, "usage: tutorial PROGRAM [--world N]\nPROGRAM:");
-    for (const auto& [name, p] : programs()) std::fprintf(stderr, " %s", name.c_str());
-    std::fprintf(stderr, "\n");
-    return 2;
-  }
-  const program& p = programs().at(argv[1]);
-  int world = p.default_world;
-  if (argc == 4 && std::string(argv[2]) == "--world") world = std::atoi(argv[3]);
+  std::string name;
+  int world = 0;  // 0: the program's own
+  std::vector<std::string> names;
+  for (const auto& [n, p] : programs()) names.push_back(n);
+  dcomm::command_line cl("tutorial",
+                         "The programs of PyTorch's distributed tutorial (docs/tutorial.md).");
+  cl.argument("PROGRAM", name, "the program to run").one_of(names);
+  cl.option("world", world, "N",
+            "spawn N local ranks (each program has its own default); under a launcher (RANK and "
+            "WORLD_SIZE set) this process is one rank")
+      .at_least(1);
+  cl.parse(argc, argv);
+  const program& p = programs().at(name);
+  if (world == 0) world = p.default_world;
   try {
     if (std::getenv("RANK") && std::getenv("WORLD_SIZE"))
       return init_process(p);  // started by a launcher: this process is one rank
     dcomm::spawn(world, [&](int) { return init_process(p); });
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tutorial %s: %s\n", argv[1], e.what());
+    std::fprintf(stderr, "tutorial %s: %s\n", name.c_str(), e.what());
     return 1;
   }
 }

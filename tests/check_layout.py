@@ -35,6 +35,7 @@ FLOORS = [
     (0, 'dcomm/detail/'),
     (0, 'dcomm/error.hpp'), (0, 'dcomm/half.hpp'), (0, 'dcomm/dtype.hpp'),
     (0, 'dcomm/reduce_op.hpp'), (0, 'dcomm/option_string.hpp'), (0, 'dcomm/tensor.hpp'), (0, 'dcomm/log.hpp'),
+    (0, 'dcomm/command_line.hpp'),
     (1, 'dcomm/completion.hpp'), (1, 'dcomm/backend.hpp'), (1, 'dcomm/cuda.hpp'),
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),

@@ -14,7 +14,8 @@
 // and how: the first to die (a SIGCHLD handler stamps each death, so a
 // survivor that exits on the lost peer moments later is not the one named).
 // --timeout bounds the whole job (exit 124). Usage errors: exit 2. The
-// options (torchrun's spellings too, PET_* defaults) are in run/options.hpp;
+// options (torchrun's spellings too, PET_* defaults) are in run/options.hpp,
+// a table for dcomm/command_line.hpp;
 // --tee/--redirects copy or move each rank's output to --log-dir. Each rank
 // gets a TORCHELASTIC_ERROR_FILE, as under torchrun: the message of the rank
 // named as the first to fail is printed (and written to dcomm-run's own).
@@ -95,7 +96,7 @@ void on_signal(int sig) {
 // pass (a rank that died, and a survivor that exited on the lost peer a
 // millisecond later). SIGCHLD also cuts the loop's poll short.
 struct death_stamps {
-  static constexpr std::size_t max_ranks = 1 << 16;
+  static constexpr std::size_t max_ranks = dcomm_run::max_local_ranks;
   std::atomic<pid_t> pid[max_ranks] = {};
   std::atomic<std::int64_t> ns[max_ranks] = {};  // 0: not seen dead
   std::atomic<std::size_t> count{0};
@@ -566,8 +567,6 @@ class job {
 
 int main(int argc, char** argv) {
   options o = dcomm_run::parse(argc, argv);
-  if (o.nproc > static_cast<int>(death_stamps::max_ranks))
-    dcomm_run::usage("at most " + std::to_string(death_stamps::max_ranks) + " ranks per node");
   if (!dcomm_run::prepare_log_dir(o)) return 2;
   std::optional<std::string> token;
   try {

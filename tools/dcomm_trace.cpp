@@ -10,12 +10,13 @@
 //                              into PATH (tools/trace/timeline_merge.hpp)
 //
 // Exit status: 0 when every file was read, 1 when one could not be (the
-// others are still used) or none was found, 2 for a usage error.
+// others are still used) or none was found, 2 for a usage error
+// (dcomm/command_line.hpp reads the command line).
 #include <dirent.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <dcomm/command_line.hpp>
 #include <string>
 #include <vector>
 
@@ -69,25 +70,26 @@ int merge_timeline(const std::string& base) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--merge-timeline") return merge_timeline(argv[2]);
+  std::string timeline;
+  std::vector<std::string> inputs;
+  dcomm::command_line cl(
+      "dcomm-trace",
+      "The first merges the flight recorder dumps of a job's ranks (DCOMM_TRACE_DIR's\n"
+      "dcomm-trace-rank<r>.json files) and says where each rank stood: calls that\n"
+      "differ between ranks, ranks gone, ranks that hold a group up.\n"
+      "The second merges the ranks' timelines (DCOMM_TRACE=PATH) into PATH, one\n"
+      "Chrome trace (ui.perfetto.dev) with a track per rank, on one clock.");
+  cl.synopsis("DIR | FILE...\n       dcomm-trace --merge-timeline PATH");
+  cl.option("merge-timeline", timeline, "PATH", "merge PATH-rank<r>.json into PATH");
+  cl.arguments("DIR | FILE", inputs, "a folder of dumps, or dump files");
+  cl.parse(argc, argv);
+  if (!timeline.empty()) {
+    if (!inputs.empty()) cl.fail("--merge-timeline takes no dumps");
+    return merge_timeline(timeline);
+  }
+  if (inputs.empty()) cl.fail("missing DIR or FILE...");
   std::vector<std::string> paths;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      std::printf(
-          "usage: dcomm-trace DIR | FILE...\n"
-          "       dcomm-trace --merge-timeline PATH\n"
-          "The first merges the flight recorder dumps of a job's ranks (DCOMM_TRACE_DIR's\n"
-          "dcomm-trace-rank<r>.json files) and says where each rank stood: calls that\n"
-          "differ between ranks, ranks gone, ranks that hold a group up.\n"
-          "The second merges the ranks' timelines (DCOMM_TRACE=PATH) into PATH, one\n"
-          "Chrome trace (ui.perfetto.dev) with a track per rank, on one clock.\n");
-      return 0;
-    }
-    if (a.starts_with("-") && a.size() > 1) {
-      std::fprintf(stderr, "dcomm-trace: unknown option %s (see --help)\n", a.c_str());
-      return 2;
-    }
+  for (const auto& a : inputs) {
     if (dcomm_trace::is_directory(a)) {
       auto in = dcomm_trace::dumps_in(a);
       if (in.empty())
@@ -96,10 +98,6 @@ int main(int argc, char** argv) {
     } else {
       paths.push_back(a);
     }
-  }
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: dcomm-trace DIR | FILE... (see --help)\n");
-    return 2;
   }
   int status = 0;
   std::vector<dcomm_trace::rank_dump> dumps;

@@ -79,12 +79,19 @@ TEST_SUITE("launcher") {
                                                 {"-n"},
                                                 {"--nnodes", "1:4", "/bin/true"},
                                                 {"--tee", "5", "/bin/true"},
-                                                {"-t", "1", "-r", "1", "/bin/true"}}) {
+                                                {"-t", "1", "-r", "1", "/bin/true"},
+                                                {"--master-port", "70000", "/bin/true"},
+                                                {"--grace", "inf", "/bin/true"},
+                                                {"--no-prefix=1", "/bin/true"}}) {
       const auto r = run(bad);
       INFO(bad.front(), ": ", r.err);
       CHECK(r.status == 2);
       CHECK(has(r.err, "dcomm-run --help lists the options"));
     }
+    // A port past 65535 is refused, not handed to ranks that could not meet on it.
+    CHECK(has(run({"--master-port", "70000", "/bin/true"}).err,
+              "dcomm-run: --master-port needs an integer from 1 to 65535, not '70000'"));
+    CHECK(has(run({"--no-prefix=1", "/bin/true"}).err, "dcomm-run: --no-prefix takes no value"));
   }
 
   TEST_CASE("a Kubernetes job's PET_* variables are the defaults; the command line wins") {

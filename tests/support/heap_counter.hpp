@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "support/sanitizer.hpp"
+#include "sanitizer.hpp"  // beside it: found without -I tests (bench/ includes this file by path)
 
 #if defined(__GLIBC__) && !DCOMM_TEST_SANITIZED
 #define DCOMM_HEAP_COUNTING 1
