@@ -14,11 +14,12 @@ cd "$(dirname "$0")"
 # build with g++ and clang++, against libtorch and doctest, and check the
 # CMake package; Slurm's daemons (slurmd, slurmctld: srun and munge come
 # with them) run the MPI tests under srun; MPICH beside Open MPI (which
-# stays the default mpirun) runs them once more.
+# stays the default mpirun) runs them once more; iproute2's `ip` makes the
+# network namespaces of the launcher's interface tests.
 demo_packages=(meson ninja-build pkg-config g++ libasio-dev libssl-dev zlib1g-dev
                dataset-fashion-mnist)
 test_packages=("${demo_packages[@]}" clang doctest-dev libtorch-dev nlohmann-json3-dev cmake python3-torch
-               gnuplot-nox openmpi-bin libopenmpi-dev slurmd slurmctld mpich libmpich-dev)
+               gnuplot-nox openmpi-bin libopenmpi-dev slurmd slurmctld mpich libmpich-dev iproute2)
 
 # install_missing PACKAGE...
 install_missing() {

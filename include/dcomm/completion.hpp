@@ -154,14 +154,17 @@ void start_blocking(const asio::any_io_executor& ex, task<T> op,
 template <typename T>
 void start_blocking(const asio::any_io_executor& ex, asio::awaitable<T> op,
                     std::shared_ptr<blocking_outcome<T>> out) {
-  asio::co_spawn(ex, std::move(op), [out](std::exception_ptr failure, auto... value) {
-    if constexpr (sizeof...(value) == 0)
-      out->finish(failure);
-    else if (failure)
-      out->finish(failure);
-    else
-      out->finish(nullptr, std::optional<T>(std::move(value)...));
-  });
+  // Two handlers, not one generic lambda: clang checks std::optional<T>
+  // where T is void even in a discarded branch of one.
+  if constexpr (std::is_void_v<T>)
+    asio::co_spawn(ex, std::move(op), [out](std::exception_ptr failure) { out->finish(failure); });
+  else
+    asio::co_spawn(ex, std::move(op), [out](std::exception_ptr failure, T value) {
+      if (failure)
+        out->finish(failure);
+      else
+        out->finish(nullptr, std::optional<T>(std::move(value)));
+    });
 }
 
 template <typename Op>

@@ -10,8 +10,9 @@
 # slurm.conf (SLURM_CONF), munge key and socket (AuthInfo=socket=), spool,
 # state, logs, pid files and free TCP ports, so a system Slurm, another run
 # of this script or a leftover daemon cannot clash with it. Root only (the
-# daemons run as root). Exits 77 (skipped) without root or without srun,
-# slurmctld, slurmd or munged (Debian: slurmd slurmctld). Every wait is
+# daemons run as root). Exits 77 (skipped) without root, without srun,
+# slurmctld, slurmd or munged (Debian: slurmd slurmctld), or without a
+# cgroup file system (slurmd needs one). Every wait is
 # bounded; on exit (however it comes) every process it started is killed
 # and the directory removed. DCOMM_SRUN_MPI picks srun's --mpi (default
 # pmix: Debian's Open MPI; MPICH needs pmi2), DCOMM_SRUN_TIMEOUT each srun's
@@ -35,6 +36,13 @@ for tool in srun sinfo scancel slurmctld slurmd munged python3; do
 done
 if [ "$(id -u)" -ne 0 ]; then
   echo "skipped: a private Slurm needs root (its daemons run as root)"
+  exit 77
+fi
+# Debian 12's slurmd (Slurm 22.05) will not start without a cgroup file
+# system, whatever its proctrack and task plugins: a chroot that binds
+# /sys without its submounts has none. A machine or container has one.
+if ! mountpoint -q /sys/fs/cgroup; then
+  echo "skipped: slurmd needs a cgroup file system at /sys/fs/cgroup, and none is mounted"
   exit 77
 fi
 
