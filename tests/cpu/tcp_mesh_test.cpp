@@ -554,6 +554,33 @@ TEST_CASE("tcp mesh: a lower rank that breaks every handshake: a dcomm::error na
   }
 }
 
+// The deadline cuts short an attempt after handshakes that broke (a loaded
+// machine, a peer that resets its first connections and then hangs): the
+// error keeps the peer's own words, not only the deadline's.
+TEST_CASE("tcp mesh: resets, then a handshake cut by the deadline: the error says reset") {
+  DCOMM_TEST_DEADLINE(60s);
+  fake_peer fake([](tcp::socket s, int n) -> asio::awaitable<void> {
+    if (n < 3) {
+      stranger::reset(s);
+      co_return;
+    }
+    // Takes the hello and says nothing, until the client goes.
+    std::string buffer(1 << 16, '\0');
+    asio::error_code ec;
+    co_await asio::async_read(s, asio::buffer(buffer),
+                              asio::redirect_error(asio::use_awaitable, ec));
+  });
+  auto outcomes = run_mesh({.world = 2, .limit = 1500ms, .exchange = false}, {},
+                           [&](dcomm::test::hash_world& w) { fake.publish_as_rank_0(w); }, {1});
+  INFO(describe(outcomes));
+  CHECK(outcomes[1].code == errc::connect_failed);
+  CHECK(contains(outcomes[1].error, "in tcp mesh (rank 1), peers rank 0"));
+  CHECK(contains(outcomes[1].error, "broke 3 times until the deadline"));
+  CHECK(contains(outcomes[1].error, "the last attempt: "));
+  CHECK(contains(outcomes[1].error, "reset"));
+  CHECK(fake.connections == 4);
+}
+
 TEST_CASE("tcp mesh: a handshake broken by a reset is retried; a refusal is not") {
   DCOMM_TEST_DEADLINE(60s);
   // Resets its first three connections, then completes the handshake as rank 0.

@@ -106,6 +106,17 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_address(
 // the cause it left for (its notice), and that names the culprit.
 inline constexpr auto store_recheck_interval = std::chrono::milliseconds(250);
 
+// A failure's message, for another error's detail.
+inline std::string what_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
 DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
@@ -119,7 +130,11 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
   const std::string address = detail::tcp_address(host, port);
 
   auto backoff = std::chrono::milliseconds(10);
-  for (int attempt = 1;; ++attempt) {
+  // The handshakes that broke, and the last one's failure: where the
+  // deadline then cuts an attempt short, the peer's own words are the cause.
+  int breaks = 0;
+  std::exception_ptr last_break;
+  for (;;) {
     bool broken = false, unreachable = false;
     try {
       const auto round_end = std::min(deadline, detail::clock::now() + store_recheck_interval);
@@ -133,30 +148,33 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
     } catch (...) {
       failure = std::current_exception();
     }
+    if (broken) {
+      ++breaks;
+      last_break = failure;
+    }
     if (unreachable && detail::clock::now() < deadline) {
       // Not listening (yet, or any more): ask the store, which fails naming
       // the cause if its host left start-up, and try again.
       co_await read_address(s, rank, peer, key, deadline);
-      --attempt;
       continue;
     }
-    // A refusal, a stranger's server, the deadline: final. A reset or an
-    // end of file: the peer may have been busy or dropped us; try again.
-    if (!broken || detail::clock::now() + backoff >= deadline) {
-      if (!broken || attempt == 1) rethrow_for_peer(failure, rank, peer, address);
-      std::string last;
-      try {
-        std::rethrow_exception(failure);
-      } catch (const std::exception& e) {
-        last = e.what();
-      }
-      throw_error(errc::connect_failed,
-                  {.operation = "tcp mesh",
-                   .rank = rank,
-                   .peers = "rank " + std::to_string(peer),
-                   .address = address,
-                   .detail = "the handshake broke " + std::to_string(attempt) +
-                             " times until the deadline; last: " + last});
+    // A refusal, a stranger's server: final. A reset or an end of file: the
+    // peer may have been busy or dropped us; try again until the deadline.
+    const bool at_deadline = detail::clock::now() + backoff >= deadline;
+    if (!broken && !(at_deadline && breaks > 0)) rethrow_for_peer(failure, rank, peer, address);
+    if (at_deadline) {
+      if (broken && breaks == 1) rethrow_for_peer(failure, rank, peer, address);
+      throw_error(
+          errc::connect_failed,
+          {.operation = "tcp mesh",
+           .rank = rank,
+           .peers = "rank " + std::to_string(peer),
+           .address = address,
+           .detail = "the handshake broke " +
+                     (breaks == 1 ? std::string("once") : std::to_string(breaks) + " times") +
+                     " until the deadline" +
+                     (broken ? "" : " (the last attempt: " + what_of(failure) + ")") +
+                     "; last break: " + what_of(last_break)});
     }
     log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(rank) +
                                       "): handshake with rank " + std::to_string(peer) + " at " +
