@@ -3,6 +3,7 @@
 // (rank, operation, key, address, expected vs seen).
 #pragma once
 
+#include <exception>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -163,5 +164,19 @@ class error : public std::system_error {
 [[noreturn]] inline void throw_error(errc e, error_context context) {
   throw error(e, std::move(context));
 }
+
+namespace detail {
+// What an exception says, for another error's detail: what() for a
+// std::exception.
+inline std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+}  // namespace detail
 
 }  // namespace dcomm

@@ -60,17 +60,6 @@ namespace detail {
 // unwind before its io_context is stopped.
 inline constexpr std::chrono::seconds thread_world_grace{5};
 
-// What an exception says: what() for a std::exception.
-inline std::string message_of(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
-
 struct thread_world_outcome {
   std::vector<std::exception_ptr> failures;  // per rank; null: it succeeded
   std::vector<std::size_t> order;            // per rank: when it failed, 0 first

@@ -822,8 +822,7 @@ TEST_SUITE("completion tokens") {
               drive.notify();
             });
           },
-          [&] { return done.load(std::memory_order_seq_cst); },
-          dcomm::detail::clock::now() + 5s);
+          [&] { return done.load(std::memory_order_seq_cst); }, dcomm::detail::clock::now() + 5s);
       return ended && ran_on == me;
     };
     CHECK_THROWS_WITH_AS(call(true), "start failed", std::runtime_error);  // the io thread runs

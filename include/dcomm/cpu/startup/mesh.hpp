@@ -106,17 +106,6 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_address(
 // the cause it left for (its notice), and that names the culprit.
 inline constexpr auto store_recheck_interval = std::chrono::milliseconds(250);
 
-// A failure's message, for another error's detail.
-inline std::string what_of(const std::exception_ptr& failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an unknown exception";
-  }
-}
-
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
 DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
@@ -173,8 +162,8 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
            .detail = "the handshake broke " +
                      (breaks == 1 ? std::string("once") : std::to_string(breaks) + " times") +
                      " until the deadline" +
-                     (broken ? "" : " (the last attempt: " + what_of(failure) + ")") +
-                     "; last break: " + what_of(last_break)});
+                     (broken ? "" : " (the last attempt: " + detail::message_of(failure) + ")") +
+                     "; last break: " + detail::message_of(last_break)});
     }
     log(detail::log_level::debug, "tcp mesh (rank " + std::to_string(rank) +
                                       "): handshake with rank " + std::to_string(peer) + " at " +
