@@ -70,6 +70,16 @@ std::string self_path() {
 
 const std::string print_token = "echo token=${DCOMM_JOB_TOKEN:-none}";
 
+// Each rank adds rank + 1 to the store's "sum", then waits until every rank has.
+void add_to_sum_and_wait(const dcomm::rendezvous_result& world) {
+  auto& s = *world.store;
+  s.add("sum", world.rank + 1, dcomm::blocking);
+  s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
+  std::vector<std::string> all;
+  for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
+  s.wait(all, dcomm::blocking);
+}
+
 // The rank program of the store test (`launcher_tests --as-rank` under
 // dcomm-run). Rank 1 first knocks on the job's store as a stranger would,
 // with no token; then every rank joins with what dcomm-run gave it, and they
@@ -96,11 +106,7 @@ int as_rank() {
     }
     auto world = dcomm::rendezvous({.init_method = "env://", .timeout = 30s});
     auto& s = *world.store;
-    s.add("sum", world.rank + 1, dcomm::blocking);
-    s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
-    std::vector<std::string> all;
-    for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
-    s.wait(all, dcomm::blocking);  // rank 1's stranger is done by now
+    add_to_sum_and_wait(world);  // rank 1's stranger is done by now
     std::printf("sum=%s\n", s.get("sum", dcomm::blocking).c_str());
     if (world.rank == 0)
       std::printf(
@@ -113,16 +119,6 @@ int as_rank() {
     std::fprintf(stderr, "rank failed: %s\n", e.what());
     return 1;
   }
-}
-
-// Each rank adds rank + 1 to the store's "sum", then waits until every rank has.
-void add_to_sum_and_wait(const dcomm::rendezvous_result& world) {
-  auto& s = *world.store;
-  s.add("sum", world.rank + 1, dcomm::blocking);
-  s.set("added/" + std::to_string(world.rank), "1", dcomm::blocking);
-  std::vector<std::string> all;
-  for (int r = 0; r < world.world_size; ++r) all.push_back("added/" + std::to_string(r));
-  s.wait(all, dcomm::blocking);
 }
 
 // The rank program under torchrun without --standalone
