@@ -223,8 +223,8 @@ def main(root):
             if c and tc and c != tc and not any(
                     target == a or (a.endswith('/') and target.startswith(a)) for a in allowed):
                 breaches.append(f'{h} reaches into another component: {target}')
-    tuning = (inc / 'dcomm/cpu/tuning.hpp').read_text()
-    for op in sorted(set(re.findall(r'\{coll_op::(\w+),', tuning))):
+    dispatch = (inc / 'dcomm/cpu/algorithms/dispatch.hpp').read_text()
+    for op in sorted(set(re.findall(r'\{\.op = coll_op::(\w+)', dispatch))):
         base = re.sub(r'_v$', '', op)
         if not (inc / f'dcomm/cpu/algorithms/{base}.hpp').exists():
             breaches.append(f'cpu collective {op}: no cpu/algorithms/{base}.hpp')

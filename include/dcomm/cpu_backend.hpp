@@ -2,8 +2,8 @@
 // over TCP (a full mesh of authenticated sockets, one per pair of ranks, shared by every
 // group); framed messages matched by group, tag or sequence number. Use it through
 // communicator<cpu_backend> (communicator.hpp). Its parts are in cpu/ (the links and the
-// algorithms) and shm/ (the host's segment): the start (cpu/startup/connect.hpp), the choice of
-// algorithm (cpu/tuning.hpp), the algorithms (cpu/algorithms/), the staging of CUDA tensors
+// algorithms) and shm/ (the host's segment): the start (cpu/startup/connect.hpp), the
+// algorithms and the rule that picks one (cpu/algorithms/dispatch.hpp), the staging of CUDA tensors
 // (cpu/staging.hpp), one call in progress (cpu/call.hpp) and the transport under it all
 // (cpu/transport/transport.hpp). dcomm/tcp_backend.hpp keeps the name tcp_backend as an alias.
 #pragma once
@@ -21,23 +21,12 @@
 #include <vector>
 
 #include "dcomm/backend.hpp"
-#include "dcomm/cpu/algorithms/all_gather.hpp"
-#include "dcomm/cpu/algorithms/all_reduce.hpp"
-#include "dcomm/cpu/algorithms/all_to_all.hpp"
-#include "dcomm/cpu/algorithms/barrier.hpp"
-#include "dcomm/cpu/algorithms/broadcast.hpp"
-#include "dcomm/cpu/algorithms/gather.hpp"
-#include "dcomm/cpu/algorithms/hierarchical.hpp"
-#include "dcomm/cpu/algorithms/reduce.hpp"
-#include "dcomm/cpu/algorithms/reduce_scatter.hpp"
-#include "dcomm/cpu/algorithms/scatter.hpp"
-#include "dcomm/cpu/algorithms/shared_memory.hpp"
+#include "dcomm/cpu/algorithms/dispatch.hpp"
 #include "dcomm/cpu/backend_options.hpp"
 #include "dcomm/cpu/call.hpp"
 #include "dcomm/cpu/staging.hpp"
 #include "dcomm/cpu/startup/connect.hpp"
 #include "dcomm/cpu/transport/transport.hpp"
-#include "dcomm/cpu/tuning.hpp"
 #include "dcomm/detail/device_memory.hpp"
 #include "dcomm/store/store.hpp"
 
@@ -60,7 +49,7 @@ class cpu_backend {
       std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
       options o, detail::clock::time_point deadline) {
     auto ex = co_await asio::this_coro::executor;
-    auto overrides = cpu::parse_algorithm_overrides(o.algorithms);
+    cpu::dispatcher dispatch(o);  // DCOMM_ALGO refused before any connection
     const std::string bind = o.bind_host.str();
     cpu::mesh_options mesh{
         .purpose = "tcp_backend",  // the handshake's name for this mesh
@@ -77,7 +66,8 @@ class cpu_backend {
                                                 .shm_spin = o.shm_spin,
                                                 .shm_single_copy = o.shm_single_copy},
                                                deadline, shm);
-    auto b = std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, overrides));
+    auto b =
+        std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, std::move(dispatch)));
     b->address_ = std::move(address);
     co_return b;
   }
@@ -115,7 +105,8 @@ class cpu_backend {
 
   // What DCOMM_LOG_LEVEL=info says of this rank's backend at start-up: the
   // host address it gave its peers, which link reaches which rank, whether the
-  // world's collectives meet in the host's arena, the thresholds.
+  // world's collectives meet in the host's arena, the algorithm table in force
+  // (cpu/algorithms/dispatch.hpp), the thresholds.
   std::string describe() const {
     std::vector<int> shm, tcp;
     for (int p = 0; p < world_size(); ++p)
@@ -130,10 +121,8 @@ class cpu_backend {
            ranks(tcp) + "; the world's collectives " +
            (world_size() > 1 && net_->arena_serves(world) ? "in the host's arena" : "by messages") +
            "; eager limit " + std::to_string(o_.eager_limit) + " B, chunk " +
-           std::to_string(o_.chunk_bytes) + " B, small all_reduce/broadcast/all_gather/" +
-           "reduce_scatter " + std::to_string(o_.small_all_reduce) + "/" +
-           std::to_string(o_.small_broadcast) + "/" + std::to_string(o_.small_all_gather) + "/" +
-           std::to_string(o_.small_reduce_scatter) + " B; DCOMM_TRANSPORT=" + o_.transport.str() +
+           std::to_string(o_.chunk_bytes) + " B; algorithms: " + dispatch_.describe() +
+           "; DCOMM_TRANSPORT=" + o_.transport.str() +
            (o_.algorithms.empty() ? "" : ", DCOMM_ALGO=" + o_.algorithms.str()) +
            (o_.confirm_rooted ? "" : ", rooted calls unconfirmed") +
            (o_.shm_single_copy ? ", single copy on" : "");
@@ -229,23 +218,20 @@ class cpu_backend {
   // --- collectives ---
   // Each runs a CUDA tensor slice by slice where it can (send, recv,
   // broadcast, reduce, all_reduce), else staged whole around the host form
-  // of itself (cpu/staging.hpp); the host form chooses its algorithm from
-  // cpu/tuning.hpp's table and runs it from cpu/algorithms/<op>.hpp.
+  // of itself (cpu/staging.hpp); the host form meets in its group's arena or
+  // runs a message algorithm, as the dispatch (cpu/algorithms/dispatch.hpp)
+  // chooses.
   DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
-    const bool arena = via_arena(ctx, coll_op::barrier, "barrier");
+    const bool arena = in_arena(ctx, coll_op::barrier, 0, "barrier");
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
     if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
       // Three coroutine frames fewer where every rank arrives within one spin.
       cpu::arena_call a(c);
-      if (!c.at_once([&] { return cpu::shm_barrier_at_once(a); }))
-        co_await c.run([&] { return cpu::shm_barrier(a); });
+      if (!c.at_once([&] { return cpu::dispatcher::arena_barrier_at_once(a); }))
+        co_await c.run([&] { return cpu::dispatcher::arena_barrier(a); });
       co_return;
     }
-    co_await c.run([&] {
-      if (choose(c, coll_op::barrier) == algorithm::hierarchical)
-        return cpu::hierarchical_barrier(c, c.hosts());
-      return cpu::dissemination_barrier(c);
-    });
+    co_await c.run([&] { return dispatch_.barrier(c); });
   }
 
   // `staged`: the host copy of a CUDA tensor (never in the arena: its call
@@ -259,12 +245,10 @@ class cpu_backend {
           *net_, ctx, true,
           sig(ctx, coll_op::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices),
           "broadcast");
-      co_await staging_.sliced_call(c, ctx.deadline, plan, is_root ? buf.data : nullptr,
-                                    is_root ? nullptr : buf.data, buf.device.index, "broadcast",
-                                    cpu::staging::no_start,
-                                    [&](const cpu::slice& s) -> detail::task<void> {
-                                      co_await broadcast_on(c, s.host, s.bytes(), root);
-                                    });
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
+          buf.device.index, "broadcast", cpu::staging::no_start,
+          [&](const cpu::slice& s) { return dispatch_.broadcast(c, s.host, s.bytes(), root); });
       co_return;
     }
     if (cpu::staging::needed(buf)) {
@@ -272,14 +256,14 @@ class cpu_backend {
                               [&](auto, auto b) { return broadcast(ctx, b, root, true); });
       co_return;
     }
-    const bool arena = !staged && via_arena(ctx, coll_op::broadcast, "broadcast");
+    const bool arena = !staged && in_arena(ctx, coll_op::broadcast, buf.bytes(), "broadcast");
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
                 "broadcast");
     co_await c.run([&]() -> detail::task<void> {
       if (arena)
-        co_await cpu::shm_broadcast(c, buf.data, buf.bytes(), root);
+        co_await cpu::dispatcher::arena_broadcast(c, buf.data, buf.bytes(), root);
       else if (c.size() > 1)
-        co_await broadcast_on(c, buf.data, buf.bytes(), root);
+        co_await dispatch_.broadcast(c, buf.data, buf.bytes(), root);
     });
   }
 
@@ -297,8 +281,8 @@ class cpu_backend {
       const bool back = ctx.group->rank == root || in_place;
       co_await staging_.sliced_call(
           c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index, "reduce",
-          cpu::staging::no_start, [&](const cpu::slice& s) -> detail::task<void> {
-            co_await reduce_on(c, s.host, s.host, s.count, in.type, op, root);
+          cpu::staging::no_start, [&](const cpu::slice& s) {
+            return dispatch_.reduce(c, s.host, s.host, s.count, in.type, op, root);
           });
       co_return;
     }
@@ -307,17 +291,13 @@ class cpu_backend {
                               [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
       co_return;
     }
-    // The arena's reduce is its root's work alone: above arena_reduce_limit
-    // the messages' algorithms are faster, unless a call asks for the arena.
-    const bool small =
-        in.bytes() <= cpu::arena_reduce_limit ||
-        cpu::requested(coll_op::reduce, ctx.algorithm, overrides_) == algorithm::shared_memory;
-    const bool arena = !staged && small && via_arena(ctx, coll_op::reduce, "reduce");
+    const bool arena = !staged && in_arena(ctx, coll_op::reduce, in.bytes(), "reduce");
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
                 "reduce");
     co_await c.run([&] {
-      if (arena) return cpu::shm_reduce(c, in.data, out.data, in.count, size_of(in.type), op, root);
-      return reduce_on(c, in.data, out.data, in.count, in.type, op, root);
+      if (arena)
+        return cpu::dispatcher::arena_reduce(c, in.data, out.data, in.count, in.type, op, root);
+      return dispatch_.reduce(c, in.data, out.data, in.count, in.type, op, root);
     });
   }
 
@@ -330,11 +310,11 @@ class cpu_backend {
       cpu::call c(*net_, ctx, true,
                   sig(ctx, coll_op::all_reduce, false, out.type, out.count, -1, &op, plan.slices),
                   "all_reduce");
-      co_await staging_.sliced_call(
-          c, ctx.deadline, plan, in.data, out.data, out.device.index, "all_reduce",
-          cpu::staging::no_start, [&](const cpu::slice& s) -> detail::task<void> {
-            co_await all_reduce_on(c, s.host, s.host, s.count, out.type, op);
-          });
+      co_await staging_.sliced_call(c, ctx.deadline, plan, in.data, out.data, out.device.index,
+                                    "all_reduce", cpu::staging::no_start, [&](const cpu::slice& s) {
+                                      return dispatch_.all_reduce(c, s.host, s.host, s.count,
+                                                                  out.type, op);
+                                    });
       co_return;
     }
     if (cpu::staging::needed(in, out)) {
@@ -342,17 +322,22 @@ class cpu_backend {
                               [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
       co_return;
     }
-    const bool arena = !staged && via_arena(ctx, coll_op::all_reduce, "all_reduce");
+    const bool arena = !staged && in_arena(ctx, coll_op::all_reduce, out.bytes(), "all_reduce");
     cpu::call c(*net_, ctx, true,
                 sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
     if (arena && !c.state().failure) {  // as barrier's
+      using cpu::dispatcher;
       cpu::arena_call a(c);
-      const std::size_t n = out.count, es = size_of(out.type);
-      if (!c.at_once([&] { return cpu::shm_all_reduce_at_once(a, in.data, out.data, n, es, op); }))
-        co_await c.run([&] { return cpu::shm_all_reduce(c, a, in.data, out.data, n, es, op); });
+      const std::size_t n = out.count;
+      const dtype t = out.type;
+      if (!c.at_once(
+              [&] { return dispatcher::arena_all_reduce_at_once(a, in.data, out.data, n, t, op); }))
+        co_await c.run(
+            [&] { return dispatcher::arena_all_reduce(c, a, in.data, out.data, n, t, op); });
       co_return;
     }
-    co_await c.run([&] { return all_reduce_on(c, in.data, out.data, out.count, out.type, op); });
+    co_await c.run(
+        [&] { return dispatch_.all_reduce(c, in.data, out.data, out.count, out.type, op); });
   }
 
   // in: n blocks (root only); out: one block.
@@ -365,10 +350,7 @@ class cpu_backend {
     }
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
                 "scatter");
-    co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::scatter);
-      co_await cpu::direct_scatter(c, in.data, out.data, out.bytes(), root);
-    });
+    co_await c.run([&] { return dispatch_.scatter(c, in.data, out.data, out.bytes(), root); });
   }
 
   // in: one block; out: n blocks (root only).
@@ -381,10 +363,7 @@ class cpu_backend {
     }
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
                 "gather");
-    co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::gather);
-      co_await cpu::direct_gather(c, in.data, out.data, in.bytes(), root);
-    });
+    co_await c.run([&] { return dispatch_.gather(c, in.data, out.data, in.bytes(), root); });
   }
 
   DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
@@ -394,17 +373,12 @@ class cpu_backend {
                               [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
       co_return;
     }
-    const bool arena = !staged && via_arena(ctx, coll_op::all_gather, "all_gather");
+    const bool arena = !staged && in_arena(ctx, coll_op::all_gather, out.bytes(), "all_gather");
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
                 "all_gather");
-    co_await c.run([&]() -> detail::task<void> {
-      const std::size_t es = size_of(in.type);
-      if (arena)
-        co_await cpu::shm_all_gather(c, in.data, out.data, in.bytes());
-      else if (choose(c, coll_op::all_gather, {.bytes = out.bytes()}) == algorithm::direct)
-        co_await cpu::direct_all_gather(c, in.data, out.data, in.count, es);
-      else
-        co_await cpu::ring_all_gather(c, in.data, out.data, in.count, es, o_.chunk_bytes);
+    co_await c.run([&] {
+      if (arena) return cpu::dispatcher::arena_all_gather(c, in.data, out.data, in.bytes());
+      return dispatch_.all_gather(c, in.data, out.data, in.count, in.type);
     });
   }
 
@@ -419,13 +393,8 @@ class cpu_backend {
     cpu::call c(*net_, ctx, true,
                 sig(ctx, coll_op::reduce_scatter, false, out.type, out.count, -1, &op),
                 "reduce_scatter");
-    co_await c.run([&]() -> detail::task<void> {
-      const std::size_t es = size_of(out.type);
-      if (choose(c, coll_op::reduce_scatter, {.bytes = in.bytes()}) == algorithm::direct)
-        co_await cpu::direct_reduce_scatter(c, in.data, out.data, out.count, es, op);
-      else
-        co_await cpu::ring_reduce_scatter(c, in.data, out.data, out.count, es, op, o_.chunk_bytes);
-    });
+    co_await c.run(
+        [&] { return dispatch_.reduce_scatter(c, in.data, out.data, out.count, out.type, op); });
   }
 
   // in, out: n blocks each; they do not overlap (the in-place form, in ==
@@ -439,10 +408,7 @@ class cpu_backend {
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
                 "all_to_all");
-    co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_to_all);
-      co_await cpu::direct_all_to_all(c, in.data, out.data, in.bytes() / n);
-    });
+    co_await c.run([&] { return dispatch_.all_to_all(c, in.data, out.data, in.bytes() / n); });
   }
 
   DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
@@ -454,10 +420,8 @@ class cpu_backend {
     cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
                 "all_gather_v");
     std::vector<std::size_t> counts;
-    co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_gather_v);
-      counts = co_await cpu::direct_all_gather_v(c, in, alloc);
-    });
+    co_await c.run(
+        [&]() -> detail::task<void> { counts = co_await dispatch_.all_gather_v(c, in, alloc); });
     co_return counts;
   }
 
@@ -472,8 +436,7 @@ class cpu_backend {
                 "all_to_all_v");
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
-      choose(c, coll_op::all_to_all_v);
-      counts = co_await cpu::direct_all_to_all_v(c, in, send_counts, alloc);
+      counts = co_await dispatch_.all_to_all_v(c, in, send_counts, alloc);
     });
     co_return counts;
   }
@@ -484,11 +447,11 @@ class cpu_backend {
   using coll_op = cpu::coll_op;
 
   cpu_backend(asio::any_io_executor ex, std::shared_ptr<cpu::transport> net, options o,
-              std::map<coll_op, algorithm> overrides)
+              cpu::dispatcher dispatch)
       : ex_(std::move(ex)),
         net_(std::move(net)),
         o_(std::move(o)),
-        overrides_(std::move(overrides)),
+        dispatch_(std::move(dispatch)),
         staging_(ex_, o_.staging_slice, net_->rank()) {}
 
   static cpu::call_signature p2p_sig(dtype t, std::size_t count) {
@@ -506,93 +469,25 @@ class cpu_backend {
             .root = root,
             .count = count,
             .slices = static_cast<std::uint32_t>(slices),
-            .algo = cpu::requested(op, ctx.algorithm, overrides_),
+            .algo = dispatch_.requested(op, ctx.algorithm),
             .confirmed =
                 static_cast<std::uint8_t>(o_.confirm_rooted && cpu::needs_confirmation(op) ? 1 : 0),
             .arena = static_cast<std::uint8_t>(arena ? 1 : 0)};
   }
 
-  // Whether the call runs in its group's arena: the op has a shared memory
-  // algorithm, the call asks for it or for none (op_options or DCOMM_ALGO),
-  // and the group has an arena (its ranks all share this host: the world's
-  // is the host's, another group claims its own while the host has one
-  // free); asked for elsewhere, it is refused on every rank alike.
-  // Any size: measured faster than the links at every size, but reduce's,
-  // which reduce asks for up to arena_reduce_limit (docs/communicator.md).
-  bool via_arena(const op_context& ctx, coll_op op, const char* operation) const {
-    if (!cpu::algorithms_of(op).shared_memory) return false;
-    const algorithm asked = cpu::requested(op, ctx.algorithm, overrides_);
-    if (asked == algorithm::automatic) return net_->arena_serves(*ctx.group);
-    if (asked != algorithm::shared_memory) return false;
-    if (net_->arena_serves(*ctx.group)) return true;
-    throw_error(errc::invalid_argument,
-                {.operation = operation,
-                 .rank = rank(),
-                 .detail = "algorithm shared_memory needs a group whose ranks all share this "
-                           "host (links not set to tcp) and an arena for it: the world's, or "
-                           "one of the host's " +
-                           std::to_string(shm::group_arenas) +
-                           " group arenas, which the first groups made claim"});
-  }
-
-  // The algorithm this call runs (cpu::choose: the one its signature asks
-  // for, else the table's by `size`). One the op does not have fails the
-  // call; the front end refused it before, by the operation's name.
-  algorithm choose(cpu::call& c, coll_op op, cpu::call_size size = {}) const {
-    const algorithm asked = c.signature().algo;
-    const bool across_hosts = cpu::algorithms_of(op).hierarchical && c.hosts().spans();
-    if (auto a = cpu::choose(op, asked, size, c.size(), o_, across_hosts)) {
-      c.ran(*a);
-      return *a;
-    }
-    c.invalid(cpu::refuse_algorithm(cpu::name(op), asked));
-  }
-  // The host algorithms of the element-wise collectives, on whole buffers
-  // or on one slice of a staged CUDA tensor.
-  DCOMM_EMIT_ON_USE detail::task<void> broadcast_on(cpu::call& c, void* data, std::size_t bytes,
-                                                    int root) {
-    const algorithm a = choose(c, coll_op::broadcast, {.bytes = bytes});
-    if (a == algorithm::hierarchical)
-      co_await cpu::hierarchical_broadcast(c, c.hosts(), data, bytes, root,
-                                           cpu::hierarchy_tuning_of(o_));
-    else if (a == algorithm::binomial_tree)
-      co_await cpu::binomial_broadcast(c, data, bytes, root);
-    else
-      co_await cpu::chain_broadcast(c, data, bytes, root, o_.chunk_bytes);
-  }
-  DCOMM_EMIT_ON_USE detail::task<void> reduce_on(cpu::call& c, const void* in, void* out,
-                                                 std::size_t count, dtype type, const reducer& op,
-                                                 int root) {
-    const std::size_t es = size_of(type);
-    if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
-        algorithm::binomial_tree)
-      co_await cpu::binomial_reduce(c, in, out, count, es, op, root);
-    else
-      co_await cpu::chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
-  }
-  DCOMM_EMIT_ON_USE detail::task<void> all_reduce_on(cpu::call& c, const void* in, void* out,
-                                                     std::size_t count, dtype type,
-                                                     const reducer& op) {
-    const std::size_t es = size_of(type);
-    const bool in_place = in == out;
-    const algorithm a = choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count});
-    if (a == algorithm::hierarchical) {
-      co_await cpu::hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op,
-                                            cpu::hierarchy_tuning_of(o_));
-    } else if (a == algorithm::recursive_doubling) {
-      if (!in_place && count) std::memcpy(out, in, count * es);
-      co_await cpu::recursive_doubling_all_reduce(c, out, count, es, op);
-    } else {
-      co_await cpu::ring_all_reduce(c, in_place ? nullptr : in, out, count, es, op, o_.chunk_bytes);
-    }
+  // Whether the call meets in its group's arena (cpu::dispatcher::in_arena).
+  bool in_arena(const op_context& ctx, coll_op op, std::size_t bytes, const char* operation) const {
+    return dispatch_.in_arena(
+        op, ctx.algorithm, bytes, [&] { return net_->arena_serves(*ctx.group); }, operation,
+        rank());
   }
 
   asio::any_io_executor ex_;
   std::shared_ptr<cpu::transport> net_;
   options o_;
-  std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
-  cpu::staging staging_;                    // of CUDA tensors
-  std::string address_;                     // the one its peers were given
+  cpu::dispatcher dispatch_;  // the algorithms, and which runs
+  cpu::staging staging_;      // of CUDA tensors
+  std::string address_;       // the one its peers were given
 };
 
 static_assert(backend<cpu_backend>);

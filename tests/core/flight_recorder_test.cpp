@@ -414,6 +414,9 @@ TEST_SUITE("flight recorder") {
     CHECK(said(log_level::info, "backend cpu: reached at 127.0.0.1; links:"));
     CHECK(said(log_level::info, "links: shared memory to ranks {0}, tcp to none"));
     CHECK(said(log_level::info, "eager limit 65536 B"));
+    // The algorithm table in force (cpu/algorithms/dispatch.hpp).
+    CHECK(said(log_level::info, "; algorithms: barrier dissemination; "));
+    CHECK(said(log_level::info, "all_reduce recursive_doubling up to 65536 B"));
     CHECK(
         said(log_level::debug, "rank 0: all_reduce #0 of group 0x0, float32 x 3 (12 B): done in "));
     CHECK(said(log_level::debug, "over shm (shared_memory); rank "));

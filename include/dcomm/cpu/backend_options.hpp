@@ -26,8 +26,9 @@ struct backend_options {
   // The pipelining unit of the ring and chain algorithms.
   std::size_t chunk_bytes = 512 * 1024;
   // Up to these sizes (bytes) an op runs its small algorithm, above them
-  // its large one; cpu/tuning.hpp's table says which op reads which
-  // (reduce reads small_broadcast).
+  // its large one; the table in cpu/algorithms/dispatch.hpp says which op
+  // reads which (reduce reads small_broadcast). The defaults: docs/performance.md,
+  // "The thresholds".
   std::size_t small_all_reduce = 64 * 1024;
   std::size_t small_broadcast = 256 * 1024;
   std::size_t small_all_gather = 64 * 1024;

@@ -40,18 +40,17 @@
 
 namespace dcomm::cpu {
 
-// The sizes the phases choose their flat algorithm by (cpu_backend::options).
-struct hierarchy_tuning {
-  std::size_t small_all_reduce = 0;
-  std::size_t small_broadcast = 0;
-  std::size_t chunk_bytes = 0;
-};
-template <class Options>  // cpu_backend::options
-hierarchy_tuning hierarchy_tuning_of(const Options& o) {
-  return {.small_all_reduce = o.small_all_reduce,
-          .small_broadcast = o.small_broadcast,
-          .chunk_bytes = o.chunk_bytes};
-}
+// The phases run the flat algorithms the backend's dispatch chooses
+// (cpu/algorithms/dispatch.hpp: dispatcher), as a flat call of the phase's
+// size among the view's ranks would run them, with the same thresholds.
+// `Flat` is that dispatch:
+//   bool large(coll_op op, std::size_t bytes, std::size_t count, int ranks):
+//     a flat call of `op` would run its large algorithm;
+//   flat_all_reduce(call&, void* buf, count, es, const reducer&): in place;
+//   flat_reduce(call&, const void* in, void* out, count, es, const reducer&, int root);
+//   flat_broadcast(call&, void* buf, std::size_t bytes, int root);
+//   std::size_t chunk_bytes(): the pipelining unit.
+// Each flat_* does nothing in a view of one rank.
 
 // Steps of phase k of a hierarchical call (below a slice's 2^24).
 inline constexpr std::uint32_t hierarchy_phase_steps = 1u << 22;
@@ -81,26 +80,15 @@ inline reducer combining_only(const reducer& op) {
   return r;
 }
 
-// In place on `buf`, among the view's ranks; not finished.
-DCOMM_EMIT_ON_USE inline detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
-                                                            std::size_t es, const reducer& partial,
-                                                            const hierarchy_tuning& t) {
-  if (c.size() <= 1) co_return;
-  if (count * es <= t.small_all_reduce || count < static_cast<std::size_t>(c.size()))
-    co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
-  else
-    co_await ring_all_reduce(c, nullptr, buf, count, es, partial, t.chunk_bytes);
-}
-
-DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(
-    call& c, const host_layout& h, const void* in, void* out, std::size_t count, std::size_t es,
-    const reducer& op, const hierarchy_tuning& t) {
+template <class Flat>
+detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const void* in, void* out,
+                                           std::size_t count, std::size_t es, const reducer& op,
+                                           const Flat& flat) {
   const reducer partial = combining_only(op);
   const std::size_t bytes = count * es;
   const int local = static_cast<int>(h.local.size());
-  if (h.uniform && local > 1 && bytes > t.small_all_reduce &&
-      count >= static_cast<std::size_t>(local)) {
-    ring_shape shape({.count = count, .blocks = local}, es, t.chunk_bytes);
+  if (h.uniform && local > 1 && flat.large(coll_op::all_reduce, bytes, count, local)) {
+    ring_shape shape({.count = count, .blocks = local}, es, flat.chunk_bytes());
     const extent mine = shape.layout.block(h.local_rank);
     {
       phase_view inside(c, h.local, h.local_rank, 0);
@@ -110,7 +98,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(
     }
     {
       phase_view across(c, h.peers, h.host_rank, 1);
-      co_await flat_all_reduce(c, bytes_at(out, mine.offset * es), mine.count, es, partial, t);
+      co_await flat.flat_all_reduce(c, bytes_at(out, mine.offset * es), mine.count, es, partial);
     }
     op.finish(bytes_at(out, mine.offset * es), mine.count, h.group_size);
     phase_view inside(c, h.local, h.local_rank, 2);
@@ -123,35 +111,19 @@ DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_all_reduce(
     if (in != out && bytes) std::memcpy(out, in, bytes);
   } else {
     phase_view inside(c, h.local, h.local_rank, 0);
-    if (bytes <= t.small_broadcast)
-      co_await binomial_reduce(c, in, out, count, es, partial, 0);
-    else
-      co_await chain_reduce(c, in, out, count, es, partial, 0, t.chunk_bytes);
+    co_await flat.flat_reduce(c, in, out, count, es, partial, 0);
   }
   if (leader) {
     {
       phase_view across(c, h.leaders, h.host_rank, 1);
-      co_await flat_all_reduce(c, out, count, es, partial, t);
+      co_await flat.flat_all_reduce(c, out, count, es, partial);
     }
     op.finish(out, count, h.group_size);
   }
   if (local == 1) co_return;
   phase_view inside(c, h.local, h.local_rank, 2);
-  if (bytes <= t.small_broadcast)
-    co_await binomial_broadcast(c, out, bytes, 0);
-  else
-    co_await chain_broadcast(c, out, bytes, 0, t.chunk_bytes);
+  co_await flat.flat_broadcast(c, out, bytes, 0);
   co_await c.wait_all();
-}
-
-// Among the view's ranks, by size as the flat broadcast chooses.
-DCOMM_EMIT_ON_USE inline detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes,
-                                                           int root, const hierarchy_tuning& t) {
-  if (c.size() <= 1) co_return;
-  if (bytes <= t.small_broadcast)
-    co_await binomial_broadcast(c, buf, bytes, root);
-  else
-    co_await chain_broadcast(c, buf, bytes, root, t.chunk_bytes);
 }
 
 // This rank's neighbours in the chain through the hosts from `root`
@@ -187,28 +159,27 @@ inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root,
   return {prev, next};
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_broadcast(call& c, const host_layout& h,
-                                                                   void* buf, std::size_t bytes,
-                                                                   int root,
-                                                                   const hierarchy_tuning& t) {
-  if (bytes > t.small_broadcast) {
+template <class Flat>
+detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
+                                          std::size_t bytes, int root, const Flat& flat) {
+  if (flat.large(coll_op::broadcast, bytes, bytes, c.size())) {
     const auto [prev, next] = host_chain_neighbours(h, root, c.rank());
-    co_await chain_relay(c, buf, bytes, prev, next, t.chunk_bytes);
+    co_await chain_relay(c, buf, bytes, prev, next, flat.chunk_bytes());
     co_return;
   }
   const int root_host = h.host_index[static_cast<std::size_t>(root)];
   const bool roots_host = root_host == h.host_rank;
   if (roots_host) {
     phase_view inside(c, h.local, h.local_rank, 0);
-    co_await flat_broadcast(c, buf, bytes, h.local_index[static_cast<std::size_t>(root)], t);
+    co_await flat.flat_broadcast(c, buf, bytes, h.local_index[static_cast<std::size_t>(root)]);
   }
   if (h.local_rank == 0) {
     phase_view across(c, h.leaders, h.host_rank, 1);
-    co_await flat_broadcast(c, buf, bytes, root_host, t);
+    co_await flat.flat_broadcast(c, buf, bytes, root_host);
   }
   if (!roots_host) {
     phase_view inside(c, h.local, h.local_rank, 2);
-    co_await flat_broadcast(c, buf, bytes, 0, t);
+    co_await flat.flat_broadcast(c, buf, bytes, 0);
   }
 }
 

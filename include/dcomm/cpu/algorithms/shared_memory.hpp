@@ -10,16 +10,16 @@
 //   shm_reduce: per slot's worth, every rank copies its part in; the root
 //     reduces every slot in rank order into its output (the bits of
 //     shm_all_reduce's one pass).
-//   shm_all_reduce: up to one_pass_reduce bytes (and a slot), one step in
+//   shm_all_reduce: up to one_pass_max bytes (and a slot), one step in
 //     which every rank reduces every slot itself, in rank order (the same
 //     bits on every rank); above, per slot's worth, each rank reduces its
 //     share (from its own input and every other slot, into its output and
 //     then its slot: the reduction split across ranks, as in DeepSpeed's
 //     shm all_reduce), says so, and copies the others' shares out; from
-//     direct_all_reduce to direct_all_reduce_max bytes (in place from
-//     direct_all_reduce_in_place), where every rank may read the others'
-//     memory and has a core, the same split without the slots' copies
-//     (shm_all_reduce_direct: process_vm_readv of their buffers).
+//     direct_min to direct_max bytes (in place from direct_in_place_min),
+//     where every rank may read the others' memory and has a core, the same
+//     split without the slots' copies (shm_all_reduce_direct:
+//     process_vm_readv of their buffers). The sizes: arena_all_reduce_sizes.
 #pragma once
 
 #include <algorithm>
@@ -32,27 +32,19 @@
 
 namespace dcomm::cpu {
 
-// Up to this size an all_reduce is one step, each rank reducing it whole.
-inline constexpr std::size_t one_pass_reduce = 16 * 1024;
-// Between these sizes an all_reduce asks whether every rank may read the
-// others' memory, and then runs in one copy (shm_all_reduce_direct). On
-// the development VM (2 ranks, busbw GB/s, slots -> one copy): 1 MiB
-// 5.5-6.9 -> 6.0-7.3, 4 MiB 5.0-6.1 -> 6.6-7.3, 16 MiB 5.3-6.0 -> 6.1-6.9,
-// but 32 MiB 4.7-4.9 -> 3.8-3.9 and 64 MiB 4.0-4.2 -> 3.4 (the slots'
-// 256 KiB steps keep what a rank reads in the caches).
-inline constexpr std::size_t direct_all_reduce = 1 << 20;
-inline constexpr std::size_t direct_all_reduce_max = 16 << 20;
-// In place, the one copy from this size only: below, its gather writes
-// lines that the others' reads of this rank's input just took into their
-// caches (world 2, in place, slots -> one copy: 1 MiB 8.6-8.8 -> 5.9,
-// 2 MiB 7.9-8.1 -> 6.8-6.9, 4 MiB 7.6-7.8 -> 7.7-7.8, 16 MiB 7.4-7.5 ->
-// 8.1). Nor where the host's ranks outnumber its cores (world 3 and 4 on
-// 2 cores, 1-16 MiB: the slots 10-50 % faster, in place or not).
-inline constexpr std::size_t direct_all_reduce_in_place = 4 << 20;
-// Up to this size an automatic reduce meets in the arena (its root reduces
-// every slot; world 2 on 2 cores: 64 KiB in 9-12 us against 57 us by
-// messages, 128 KiB 139-156 us against 37-57).
-inline constexpr std::size_t arena_reduce_limit = 64 * 1024;
+// The sizes shm_all_reduce chooses its way by; their values, and the
+// measurements behind them, are in the backend's dispatch
+// (cpu/algorithms/dispatch.hpp: arena_all_reduce_thresholds).
+struct arena_all_reduce_sizes {
+  // Up to this size (and a slot) an all_reduce is one step, each rank
+  // reducing it whole.
+  std::size_t one_pass_max = 0;
+  // Between these sizes every rank asks whether every rank may read the
+  // others' memory, and then it runs in one copy (shm_all_reduce_direct).
+  std::size_t direct_min = 0, direct_max = 0;
+  // In place, the one copy from this size only.
+  std::size_t direct_in_place_min = 0;
+};
 
 // out = every slot's k elements combined in rank order (slot 0 op slot 1
 // op ...): the same bits on every rank that computes it.
@@ -151,11 +143,14 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
   } while (first < count);
 }
 
-// shm_all_reduce of direct_all_reduce bytes, in one copy where every rank
+// shm_all_reduce of direct_min to direct_max bytes, in one copy where every rank
 // may read the others' memory (shm/single_copy.hpp; options'
 // shm_single_copy) and finds it the faster way (above): false where one
 // does not, after the step where the ranks say so (the caller then takes
-// the slots, from its next step).
+// the slots, from its next step). `prefer`: this rank finds one copy the
+// faster way at this size (out of place, or in place from
+// direct_in_place_min); every rank takes the step either way, since
+// ranks need not agree on in place.
 //   step 1: each rank offers where its buffers are (shm::buffer_offer);
 //   then it reduces its share, reading it from every other rank's input
 //     into its spare slot a slot's worth at a time (the first combine
@@ -168,10 +163,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
 DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena_call& a,
                                                                   const void* in, void* out,
                                                                   std::size_t count, std::size_t es,
-                                                                  const reducer& op) {
+                                                                  const reducer& op, bool prefer) {
   const int n = c.size(), r = c.rank();
   const auto ranks = static_cast<std::size_t>(n);
-  const bool faster = (in != out || count * es >= direct_all_reduce_in_place) && a.has_cores();
+  const bool faster = prefer && a.has_cores();
   shm::buffer_offer offer{.in = reinterpret_cast<std::uintptr_t>(in),
                           .out = reinterpret_cast<std::uintptr_t>(out),
                           .direct = faster ? 1u : 0u};
@@ -227,10 +222,10 @@ DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena
   co_return true;
 }
 
-// The one-pass all_reduce (up to one_pass_reduce bytes): its step, and
+// The one-pass all_reduce (up to one_pass_max bytes): its step, and
 // the reduction once every rank has arrived.
-inline bool one_pass(arena_call& a, std::size_t bytes) {
-  return bytes <= std::min(one_pass_reduce, a.slot_bytes());
+inline bool one_pass(arena_call& a, std::size_t bytes, const arena_all_reduce_sizes& sizes) {
+  return bytes <= std::min(sizes.one_pass_max, a.slot_bytes());
 }
 inline void arrive_with(arena_call& a, const void* in, std::size_t bytes) {
   std::byte* mine = a.begin_step();
@@ -246,8 +241,9 @@ inline void reduce_arrived(arena_call& a, int n, const reducer& op, void* out, s
 // A one-pass all_reduce without a coroutine frame where it can be (as
 // shm_barrier_at_once). False: the rest is shm_all_reduce's.
 inline bool shm_all_reduce_at_once(arena_call& a, const void* in, void* out, std::size_t count,
-                                   std::size_t es, const reducer& op) {
-  if (!one_pass(a, count * es) || !a.enter_at_once()) return false;
+                                   std::size_t es, const reducer& op,
+                                   const arena_all_reduce_sizes& sizes) {
+  if (!one_pass(a, count * es, sizes) || !a.enter_at_once()) return false;
   arrive_with(a, in, count * es);
   if (!a.all_arrived_within_spin()) return false;
   reduce_arrived(a, a.size(), op, out, count);
@@ -256,18 +252,21 @@ inline bool shm_all_reduce_at_once(arena_call& a, const void* in, void* out, std
 
 DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, arena_call& a, const void* in,
                                                            void* out, std::size_t count,
-                                                           std::size_t es, const reducer& op) {
+                                                           std::size_t es, const reducer& op,
+                                                           const arena_all_reduce_sizes& sizes) {
   const bool stepped = a.stepped();  // by shm_all_reduce_at_once
   if (!stepped && !a.enter_at_once()) co_await a.enter();
   const int n = c.size(), r = c.rank();
-  if (one_pass(a, count * es)) {
+  const std::size_t bytes = count * es;
+  if (one_pass(a, bytes, sizes)) {
     if (!stepped) arrive_with(a, in, count * es);
     if (!a.all_arrived()) co_await a.wait_arrived();
     reduce_arrived(a, n, op, out, count);
     co_return;
   }
-  if (count * es >= direct_all_reduce && count * es <= direct_all_reduce_max &&
-      co_await shm_all_reduce_direct(c, a, in, out, count, es, op))
+  if (bytes >= sizes.direct_min && bytes <= sizes.direct_max &&
+      co_await shm_all_reduce_direct(c, a, in, out, count, es, op,
+                                     in != out || bytes >= sizes.direct_in_place_min))
     co_return;
   const std::size_t per_step = a.slot_bytes() / es;
   const std::size_t ranks = static_cast<std::size_t>(n), me = static_cast<std::size_t>(r);

@@ -1,8 +1,10 @@
-// The CPU backend's choice of algorithm (cpu/tuning.hpp), without a
-// network: what each op runs at sizes around its limit (the defaults of
-// cpu_backend::options and others), in a world of one, when a call or
-// DCOMM_ALGO asks for an algorithm, and what is refused. The algorithms
-// themselves run in the "cpu collectives" suite.
+// The CPU backend's choice of algorithm (cpu/algorithms/dispatch.hpp),
+// without a network: what each op runs at sizes around its limit (the
+// defaults of cpu_backend::options and others), in a world of one, when a
+// call or DCOMM_ALGO asks for an algorithm, what is refused, when a call
+// meets in the arena, what a hierarchical call's phases run, and the table
+// as the log prints it. The algorithms themselves run in the "cpu
+// collectives" suite.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -34,6 +36,13 @@ bool contains(const std::string& s, std::string_view part) {
   return s.find(part) != std::string::npos;
 }
 
+// Default options but for DCOMM_ALGO's overrides (whatever the environment).
+dcomm::cpu_backend::options with_algorithms(const char* spec) {
+  dcomm::cpu_backend::options o;
+  o.algorithms = spec;
+  return o;
+}
+
 // The message DCOMM_ALGO=`spec` is refused with (empty: accepted).
 std::string refusal_of(std::string_view spec) {
   try {
@@ -48,7 +57,7 @@ std::string refusal_of(std::string_view spec) {
 
 }  // namespace
 
-TEST_SUITE("cpu tuning") {
+TEST_SUITE("cpu dispatch") {
   TEST_CASE(
       "defaults: each op's small algorithm up to its limit (docs/communicator.md), large above") {
     CHECK(pick(coll_op::all_reduce, 64 * kib) == algorithm::recursive_doubling);
@@ -138,24 +147,27 @@ TEST_SUITE("cpu tuning") {
   }
 
   TEST_CASE("requested: the call's algorithm, else DCOMM_ALGO's for the op, else automatic") {
-    const auto overrides = dcomm::cpu::parse_algorithm_overrides("all_reduce=ring,broadcast=chain");
-    CHECK(overrides.size() == 2);
-    using dcomm::cpu::requested;
-    CHECK(requested(coll_op::all_reduce, algorithm::automatic, overrides) == algorithm::ring);
-    CHECK(requested(coll_op::all_reduce, algorithm::recursive_doubling, overrides) ==
+    CHECK(dcomm::cpu::parse_algorithm_overrides("all_reduce=ring,broadcast=chain").size() == 2);
+    const dcomm::cpu::dispatcher d(with_algorithms("all_reduce=ring,broadcast=chain"));
+    CHECK(d.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::ring);
+    CHECK(d.requested(coll_op::all_reduce, algorithm::recursive_doubling) ==
           algorithm::recursive_doubling);
-    CHECK(requested(coll_op::broadcast, algorithm::automatic, overrides) == algorithm::chain);
-    CHECK(requested(coll_op::reduce, algorithm::automatic, overrides) == algorithm::automatic);
-    CHECK(requested(coll_op::all_reduce, algorithm::automatic, {}) == algorithm::automatic);
+    CHECK(d.requested(coll_op::broadcast, algorithm::automatic) == algorithm::chain);
+    CHECK(d.requested(coll_op::reduce, algorithm::automatic) == algorithm::automatic);
+    const dcomm::cpu::dispatcher plain(with_algorithms(""));
+    CHECK(plain.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::automatic);
     // Then the override wins over the size, as a call's request does.
-    CHECK(pick(coll_op::all_reduce, 8, 4,
-               requested(coll_op::all_reduce, algorithm::automatic, overrides)) == algorithm::ring);
+    CHECK(pick(coll_op::all_reduce, 8, 4, d.requested(coll_op::all_reduce, algorithm::automatic)) ==
+          algorithm::ring);
     // Empty items are skipped; the last of two for one op counts.
     const auto more =
         dcomm::cpu::parse_algorithm_overrides(",all_reduce=ring,,all_reduce=automatic,");
     CHECK(more.size() == 1);
-    CHECK(requested(coll_op::all_reduce, algorithm::automatic, more) == algorithm::automatic);
+    const dcomm::cpu::dispatcher last(with_algorithms(",all_reduce=ring,,all_reduce=automatic,"));
+    CHECK(last.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::automatic);
     CHECK(dcomm::cpu::parse_algorithm_overrides("").empty());
+    // A dispatcher refuses what DCOMM_ALGO asks wrongly, as start-up does.
+    CHECK_THROWS_AS(dcomm::cpu::dispatcher(with_algorithms("broadcast=ring")), dcomm::error);
   }
 
   TEST_CASE("refusals: an algorithm the op does not have, from a call or DCOMM_ALGO") {
@@ -268,5 +280,87 @@ TEST_SUITE("cpu tuning") {
     CHECK_FALSE(make_host_layout(world, {}).spans());
     CHECK_FALSE(make_host_layout(world, {7, 7, 7, 7, 7, 7}).spans());
     CHECK(make_host_layout(world, {7, 7, 7, 7, 7, 7}).local.size() == 6);
+  }
+
+  TEST_CASE(
+      "in_arena: every op with an arena form, reduce up to 64 KiB unless asked; asked "
+      "without an arena, refused") {
+    const dcomm::cpu::dispatcher d(with_algorithms(""));
+    int asked_arena = 0;
+    auto yes = [&] {
+      ++asked_arena;
+      return true;
+    };
+    auto no = [&] {
+      ++asked_arena;
+      return false;
+    };
+    auto in_arena = [&](coll_op op, std::size_t bytes, auto serves,
+                        algorithm asked = algorithm::automatic) {
+      return d.in_arena(op, asked, bytes, serves, "op", 0);
+    };
+    for (coll_op op :
+         {coll_op::barrier, coll_op::broadcast, coll_op::all_reduce, coll_op::all_gather}) {
+      CAPTURE(dcomm::cpu::name(op));
+      CHECK(in_arena(op, huge, yes));
+      CHECK_FALSE(in_arena(op, 4, no));
+      // Another algorithm asked for (barrier's message one has no name).
+      const algorithm other =
+          op == coll_op::barrier ? algorithm::hierarchical : dcomm::cpu::algorithms_of(op).large;
+      CHECK_FALSE(in_arena(op, 4, yes, other));
+    }
+    CHECK(in_arena(coll_op::reduce, 64 * kib, yes));
+    asked_arena = 0;
+    // Above its limit a reduce keeps its messages, and does not ask for an
+    // arena (a group's is claimed on the first ask).
+    CHECK_FALSE(in_arena(coll_op::reduce, 64 * kib + 1, yes));
+    CHECK(asked_arena == 0);
+    CHECK(in_arena(coll_op::reduce, huge, yes, algorithm::shared_memory));
+    for (coll_op op : {coll_op::scatter, coll_op::gather, coll_op::reduce_scatter,
+                       coll_op::all_to_all, coll_op::all_gather_v, coll_op::all_to_all_v})
+      CHECK_FALSE(in_arena(op, 4, yes));
+    CHECK_THROWS_WITH_AS(in_arena(coll_op::all_reduce, 4, no, algorithm::shared_memory),
+                         doctest::Contains("algorithm shared_memory needs a group"), dcomm::error);
+    // DCOMM_ALGO's shared_memory counts as the call's own request.
+    const dcomm::cpu::dispatcher forced(with_algorithms("reduce=shared_memory"));
+    CHECK(forced.in_arena(coll_op::reduce, algorithm::automatic, huge, yes, "reduce", 0));
+  }
+
+  TEST_CASE("a hierarchical call's phases choose as a flat call would, with the same options") {
+    dcomm::cpu_backend::options o = with_algorithms("");
+    o.small_all_reduce = 1000;
+    o.small_broadcast = 2000;
+    const dcomm::cpu::dispatcher d(o);
+    CHECK_FALSE(d.large(coll_op::all_reduce, 1000, 1000, 2));
+    CHECK(d.large(coll_op::all_reduce, 1001, 1001, 2));
+    CHECK_FALSE(d.large(coll_op::all_reduce, 1001, 1, 2));  // fewer elements than ranks
+    CHECK_FALSE(d.large(coll_op::all_reduce, huge, huge, 1));
+    CHECK_FALSE(d.large(coll_op::broadcast, 2000, 2000, 3));
+    CHECK(d.large(coll_op::broadcast, 2001, 2001, 3));
+    CHECK(d.large(coll_op::reduce, 2001, 1, 3));  // reduce's chain needs no element per rank
+    CHECK_FALSE(d.large(coll_op::scatter, huge, huge, 4));  // one algorithm
+    CHECK(d.chunk_bytes() == o.chunk_bytes);
+  }
+
+  TEST_CASE("the table as DCOMM_LOG_LEVEL=info prints it: options and DCOMM_ALGO applied") {
+    const std::string plain = dcomm::cpu::dispatcher(with_algorithms("")).describe();
+    CHECK(contains(plain,
+                   "barrier dissemination; shared_memory in a host's arena; hierarchical "
+                   "across hosts | broadcast binomial_tree up to 262144 B, chain above"));
+    CHECK(contains(plain,
+                   "all_reduce recursive_doubling up to 65536 B (or fewer elements than "
+                   "ranks), ring above; shared_memory in a host's arena (one pass up to "
+                   "16384 B, one copy 1048576-16777216 B, in place from 4194304 B); "
+                   "hierarchical across hosts"));
+    CHECK(contains(plain,
+                   "reduce binomial_tree up to 262144 B, chain above; shared_memory in a "
+                   "host's arena up to 65536 B |"));
+    CHECK(contains(plain, "| scatter direct |"));
+    CHECK(contains(plain, "all_to_all_v direct"));
+    dcomm::cpu_backend::options o = with_algorithms("broadcast=chain");
+    o.small_all_reduce = 1000;
+    const std::string tuned = dcomm::cpu::dispatcher(o).describe();
+    CHECK(contains(tuned, "all_reduce recursive_doubling up to 1000 B"));
+    CHECK(contains(tuned, "| broadcast chain (DCOMM_ALGO) |"));
   }
 }
