@@ -103,19 +103,19 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
     bool check_calls = false;
     // An all_reduce of up to this many bytes (at most 1 MiB) is recursive
     // doubling over MPI_Isend/MPI_Irecv (mpi/impl/p2p_all_reduce.hpp)
-    // instead of MPI_Iallreduce, which sets up a schedule per call (Open
-    // MPI 4.1, 2 ranks, 4 B: 1.1-1.3 us, where an exchange of messages
-    // takes 0.5 us and the blocking MPI_Allreduce 0.6 us). 0: always
-    // MPI's. $DCOMM_MPI_P2P_ALL_REDUCE_LIMIT sets it too.
+    // instead of MPI_Iallreduce, which sets up a schedule per call and
+    // takes twice an exchange of messages (docs/performance.md, "Figures
+    // behind the code"). 0: always MPI's. $DCOMM_MPI_P2P_ALL_REDUCE_LIMIT
+    // sets it too.
     std::size_t p2p_all_reduce_limit = 16 * 1024;
     // A larger all_reduce whose block per rank (its bytes / the group's
     // ranks) is at least this goes around a ring of MPI_Isend/MPI_Irecv
     // (mpi/impl/p2p_all_reduce.hpp): reduce-scatter, then all-gather;
     // smaller blocks, MPI_Iallreduce (a ring of n waits 2(n-1) times on
     // the network's latency). Open MPI 4.1's MPI_Iallreduce reduces to one
-    // rank and broadcasts below 4 ranks or in place: 8 MiB on 2 ranks,
-    // 2.3 ms, its blocking MPI_Allreduce 1.8 ms, this ring 1.2 ms.
-    // SIZE_MAX: never. $DCOMM_MPI_RING_ALL_REDUCE_BLOCK sets it too.
+    // rank and broadcasts below 4 ranks or in place, moving the buffer
+    // twice; the ring measured faster than both MPI forms (docs/performance.md,
+    // "Figures behind the code"). SIZE_MAX: never. $DCOMM_MPI_RING_ALL_REDUCE_BLOCK sets it too.
     std::size_t ring_all_reduce_block = 8 * 1024;
   };
 

@@ -72,12 +72,10 @@ struct backend_options {
   // them from the sender's buffer (process_vm_readv, one copy instead of
   // two through the ring) where the kernel allows; likewise an all_reduce
   // of 1-16 MiB among a host's ranks, where that is the faster way
-  // (cpu/algorithms/shared_memory.hpp: in place from 4 MiB, a core each).
-  // On unless $DCOMM_SHM_SINGLE_COPY is 0. Measured both ways: on the
-  // development VM one copy is 1.6-2x faster for send/recv from 256 KiB
-  // up and 10-20 % for those all_reduces; on an earlier machine
-  // process_vm_readv copied at a quarter of memcpy's speed and the ring
-  // won (docs/communicator.md: measure yours).
+  // (cpu/algorithms/dispatch.hpp: in place from 4 MiB, a core each).
+  // On unless $DCOMM_SHM_SINGLE_COPY is 0. Which way is faster depends on
+  // the machine: process_vm_readv's speed against memcpy's
+  // (docs/communicator.md gives two machines' figures: measure yours).
   bool shm_single_copy = [] {
     const char* v = std::getenv("DCOMM_SHM_SINGLE_COPY");
     return !(v && std::string(v) == "0");

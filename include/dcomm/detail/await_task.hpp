@@ -42,9 +42,9 @@ namespace await_task_detail {
 // Immediate ends in a row before one is posted. Each posted end is a
 // scheduler round with a reactor poll, and lets the shared memory
 // transport's doorbell settle (peers that arrive meanwhile ring it, a
-// system call each): world-2 barriers over shared memory made 0.13
-// epoll_waits and 0.05 reads and writes per call at 16, 0.03 and 0.02 at
-// 64. At ~1 us a call, others wait at most ~64 us.
+// system call each): at 64 a small call makes a quarter of the system
+// calls it made at 16, and other handlers wait at most 64 small calls
+// (docs/performance.md, "Figures behind the code").
 inline constexpr int inline_turns = 64;
 inline int& inline_streak() noexcept {
   thread_local int streak = 0;

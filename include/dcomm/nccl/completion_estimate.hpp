@@ -20,8 +20,9 @@ namespace dcomm::nccl {
 // (options::spin) finishes small operations within a microsecond or two of
 // NCCL's own, but a long operation cannot be polled throughout without
 // busy-waiting a core, and the ways of sleeping are slow to wake: a host
-// function's post to the executor takes 40 to 90 us on an H100, a timer
-// wakes some 50 us late. So an operation whose kind and size class (bit
+// function's post to the executor and a timer both wake tens of
+// microseconds late (docs/performance.md, "Figures behind the code"). So
+// an operation whose kind and size class (bit
 // width of its byte count) has been seen sleeps through most of its
 // typical duration and polls only the tail, as Linux's hybrid polling of
 // NVMe does. The typical duration adapts: a finish seen while polling moves

@@ -4,7 +4,7 @@
 // communicator::stats(). Always on.
 //
 // Cost: counts and bytes for every call; the time of one call in 16 (a
-// precise clock read, about 20 ns, is more than the rest of the bookkeeping
+// precise clock read costs more than the rest of the bookkeeping
 // together, and a sample of one in 16 gives the same quantiles for any
 // operation called often enough to matter). Where DCOMM_TRACE is set every
 // call is timed anyway, and every one counts. Times go into a log-scale

@@ -1,11 +1,11 @@
 // dcomm's own all_reduce over MPI's messages (MPI_Isend, MPI_Irecv on the
 // group's `own` communicator), where MPI_Iallreduce is slower than the
-// messages it needs (Open MPI 4.1's libnbc, the dev VM, 2 ranks):
+// messages it needs (Open MPI 4.1's libnbc; docs/performance.md, "Figures
+// behind the code"):
 //   doubling_all_reduce, up to options::p2p_all_reduce_limit: recursive
 //     doubling, the ranks beyond a power of two folding into a partner
 //     first and getting the result from it last. libnbc builds a schedule
-//     per call (9 allocations, ~0.7 us at 4 B), more than the exchange
-//     itself costs.
+//     per call (9 allocations), which costs more than the exchange itself.
 //   ring_all_reduce, above, where each rank's block is at least
 //     options::ring_all_reduce_block: reduce-scatter,
 //     then all-gather, around the ring, each rank sending 2(n-1)/n of the

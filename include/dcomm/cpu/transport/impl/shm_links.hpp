@@ -346,8 +346,8 @@ bool transport::spin_shm(const op_state& spinner, Pred pred) {
   bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
   // The clock is read first at the 16th look, and the spin lasts shm_spin
   // from there: most spins end within a few looks, and a read before the
-  // first one delayed the sight of a peer's arrival (world-2 barrier 0.6 ->
-  // 0.47 us).
+  // first one delayed the sight of a peer's arrival (docs/performance.md,
+  // "Figures behind the code").
   detail::clock::time_point until{};
   bool found = false;
   for (int i = 0; !(found = poll_shm(&spinner) || pred()); ++i) {
