@@ -35,7 +35,7 @@ FLOORS = [
     (0, 'dcomm/detail/'),
     (0, 'dcomm/error.hpp'), (0, 'dcomm/half.hpp'), (0, 'dcomm/dtype.hpp'),
     (0, 'dcomm/reduce_op.hpp'), (0, 'dcomm/option_string.hpp'), (0, 'dcomm/tensor.hpp'), (0, 'dcomm/log.hpp'),
-    (0, 'dcomm/command_line.hpp'),
+    (0, 'dcomm/command_line.hpp'), (0, 'dcomm/operation.hpp'),
     (1, 'dcomm/completion.hpp'), (1, 'dcomm/backend.hpp'), (1, 'dcomm/cuda.hpp'),
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
@@ -224,7 +224,7 @@ def main(root):
                     target == a or (a.endswith('/') and target.startswith(a)) for a in allowed):
                 breaches.append(f'{h} reaches into another component: {target}')
     dispatch = (inc / 'dcomm/cpu/algorithms/dispatch.hpp').read_text()
-    for op in sorted(set(re.findall(r'\{\.op = coll_op::(\w+)', dispatch))):
+    for op in sorted(set(re.findall(r'\{\.op = operation::(\w+)', dispatch))):
         base = re.sub(r'_v$', '', op)
         if not (inc / f'dcomm/cpu/algorithms/{base}.hpp').exists():
             breaches.append(f'cpu collective {op}: no cpu/algorithms/{base}.hpp')

@@ -26,6 +26,7 @@
 #include "dcomm/completion.hpp"
 #include "dcomm/detail/arrivals.hpp"
 #include "dcomm/dtype.hpp"
+#include "dcomm/operation.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/tensor.hpp"
 
@@ -256,6 +257,9 @@ struct op_context {
   using clock = detail::clock;
 
   std::shared_ptr<group_state> group{};
+  // What the user called (a form such as broadcast_object reaches the
+  // backend's broadcast under its own name): what the backend's errors name.
+  dcomm::operation operation = dcomm::operation::send;
   std::uint64_t seq = 0;  // collectives: the group's sequence number; p2p: the tag
   clock::time_point deadline{};
   dcomm::algorithm algorithm = dcomm::algorithm::automatic;
@@ -289,9 +293,9 @@ concept backend = requires {
   { B::name } -> std::convertible_to<std::string_view>;
   // Capabilities checked at compile time by the front end.
   { B::supports_custom_reduce } -> std::convertible_to<bool>;
-  // Throws errc::invalid_argument if the operation (its name: "all_reduce")
-  // has no such algorithm; called before the call takes a sequence number.
-  {B::check_algorithm(std::string_view{}, algorithm::automatic)};
+  // Throws errc::invalid_argument if the operation has no such algorithm;
+  // called before the call takes a sequence number.
+  {B::check_algorithm(operation::all_reduce, algorithm::automatic)};
   { B::supports_bitwise_reduce } -> std::convertible_to<bool>;
   { B::supports_streams } -> std::convertible_to<bool>;
 }

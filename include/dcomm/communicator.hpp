@@ -88,7 +88,7 @@ class communicator {
   std::span<const int> ranks() const { return group_->ranks; }
   int global_rank(int group_rank) const {
     detail::call_checks<Backend>(*group_, *rt_->backend)
-        .rank_in_range(group_rank, "global_rank", "group rank");
+        .rank_in_range(group_rank, operation::global_rank, "group rank");
     return group_->ranks[static_cast<std::size_t>(group_rank)];
   }
   std::chrono::milliseconds timeout() const { return group_->timeout; }
@@ -153,7 +153,7 @@ class communicator {
   }
   template <tensor T, op_token Token = default_token_t>
   auto send(const T& t, int dst, int tag, op_options o, Token&& token = {}) const {
-    return ops().send("send", view(t), dst, tag, o, std::forward<Token>(token));
+    return ops().send(operation::send, view(t), dst, tag, o, std::forward<Token>(token));
   }
 
   template <mutable_tensor T, op_token Token = default_token_t>
@@ -166,17 +166,17 @@ class communicator {
   }
   template <mutable_tensor T, op_token Token = default_token_t>
   auto recv(T&& t, int src, int tag, op_options o, Token&& token = {}) const {
-    return ops().recv("recv", mutable_view(t), src, tag, o, std::forward<Token>(token));
+    return ops().recv(operation::recv, mutable_view(t), src, tag, o, std::forward<Token>(token));
   }
 
   // Start at once; the buffer must stay alive until the request is done.
   template <tensor T>
   request isend(const T& t, int dst, int tag = 0, op_options o = {}) const {
-    return ops().send("isend", view(t), dst, tag, o, as_request);
+    return ops().send(operation::isend, view(t), dst, tag, o, as_request);
   }
   template <mutable_tensor T>
   request irecv(T&& t, int src, int tag = 0, op_options o = {}) const {
-    return ops().recv("irecv", mutable_view(t), src, tag, o, as_request);
+    return ops().recv(operation::irecv, mutable_view(t), src, tag, o, as_request);
   }
 
   // -------------------------------------------------------- collectives

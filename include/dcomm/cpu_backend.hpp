@@ -147,9 +147,9 @@ class cpu_backend {
 
   // Refuses, before the call takes a sequence number, an algorithm the
   // operation does not have.
-  static void check_algorithm(std::string_view operation, algorithm a) {
-    if (auto why = cpu::refuse_algorithm(operation, a); !why.empty())
-      throw_error(errc::invalid_argument, {.operation = std::string(operation), .detail = why});
+  static void check_algorithm(operation op, algorithm a) {
+    if (auto why = cpu::refuse_algorithm(op, a); !why.empty())
+      throw_error(errc::invalid_argument, {.operation = dcomm::name(op), .detail = why});
   }
 
   // Host memory, and CUDA tensors where the program includes dcomm/cuda.hpp:
@@ -174,10 +174,11 @@ class cpu_backend {
       // One message; its data goes as the slices reach the host. It is
       // announced before anything is awaited: a later send with the same
       // tag must not overtake it.
-      cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+      cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
       cpu::io_item* message = nullptr;
       co_await staging_.sliced_call(
-          c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index, "send",
+          c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index,
+          dcomm::name(ctx.operation),
           [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
           [&](const cpu::slice& s) -> detail::task<void> {
             c.ready(*message, s.end);
@@ -189,16 +190,17 @@ class cpu_backend {
       co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
       co_return;
     }
-    cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count), "send");
+    cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
     co_await c.run([&] { c.send(peer, 0, in.data, in.bytes()); });
   }
   DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
     if (staging_.sliced(out)) {
       // Each slice goes to the device as soon as it has arrived.
-      cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+      cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
       cpu::io_item* message = nullptr;
       co_await staging_.sliced_call(
-          c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index, "recv",
+          c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index,
+          dcomm::name(ctx.operation),
           [&](char* host, std::size_t slice_bytes) {
             message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
           },
@@ -211,7 +213,7 @@ class cpu_backend {
       co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
       co_return;
     }
-    cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count), "recv");
+    cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
     co_await c.run([&] { c.recv(peer, 0, out.data, out.bytes()); });
   }
 
@@ -222,8 +224,8 @@ class cpu_backend {
   // runs a message algorithm, as the dispatch (cpu/algorithms/dispatch.hpp)
   // chooses.
   DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
-    const bool arena = in_arena(ctx, coll_op::barrier, 0, "barrier");
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::barrier, arena), "barrier");
+    const bool arena = in_arena(ctx, operation::barrier, 0);
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::barrier, arena));
     if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
       // Three coroutine frames fewer where every rank arrives within one spin.
       cpu::arena_call a(c);
@@ -243,11 +245,10 @@ class cpu_backend {
       const cpu::slice_plan plan = staging_.plan(buf);
       cpu::call c(
           *net_, ctx, true,
-          sig(ctx, coll_op::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices),
-          "broadcast");
+          sig(ctx, operation::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices));
       co_await staging_.sliced_call(
           c, ctx.deadline, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
-          buf.device.index, "broadcast", cpu::staging::no_start,
+          buf.device.index, dcomm::name(ctx.operation), cpu::staging::no_start,
           [&](const cpu::slice& s) { return dispatch_.broadcast(c, s.host, s.bytes(), root); });
       co_return;
     }
@@ -256,9 +257,8 @@ class cpu_backend {
                               [&](auto, auto b) { return broadcast(ctx, b, root, true); });
       co_return;
     }
-    const bool arena = !staged && in_arena(ctx, coll_op::broadcast, buf.bytes(), "broadcast");
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::broadcast, arena, buf.type, buf.count, root),
-                "broadcast");
+    const bool arena = !staged && in_arena(ctx, operation::broadcast, buf.bytes());
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::broadcast, arena, buf.type, buf.count, root));
     co_await c.run([&]() -> detail::task<void> {
       if (arena)
         co_await cpu::dispatcher::arena_broadcast(c, buf.data, buf.bytes(), root);
@@ -273,15 +273,14 @@ class cpu_backend {
     if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
       const cpu::slice_plan plan = staging_.plan(in);
       cpu::call c(*net_, ctx, true,
-                  sig(ctx, coll_op::reduce, false, in.type, in.count, root, &op, plan.slices),
-                  "reduce");
+                  sig(ctx, operation::reduce, false, in.type, in.count, root, &op, plan.slices));
       // In place on a slice of the block: the result goes back to the
       // root's output, and to a non-root's buffer only if it is also its
       // input (which the host algorithm may have used).
       const bool back = ctx.group->rank == root || in_place;
       co_await staging_.sliced_call(
-          c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index, "reduce",
-          cpu::staging::no_start, [&](const cpu::slice& s) {
+          c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index,
+          dcomm::name(ctx.operation), cpu::staging::no_start, [&](const cpu::slice& s) {
             return dispatch_.reduce(c, s.host, s.host, s.count, in.type, op, root);
           });
       co_return;
@@ -291,9 +290,8 @@ class cpu_backend {
                               [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
       co_return;
     }
-    const bool arena = !staged && in_arena(ctx, coll_op::reduce, in.bytes(), "reduce");
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::reduce, arena, in.type, in.count, root, &op),
-                "reduce");
+    const bool arena = !staged && in_arena(ctx, operation::reduce, in.bytes());
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::reduce, arena, in.type, in.count, root, &op));
     co_await c.run([&] {
       if (arena)
         return cpu::dispatcher::arena_reduce(c, in.data, out.data, in.count, in.type, op, root);
@@ -307,14 +305,14 @@ class cpu_backend {
     const bool in_place = in.data == out.data;
     if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
       const cpu::slice_plan plan = staging_.plan(out);
-      cpu::call c(*net_, ctx, true,
-                  sig(ctx, coll_op::all_reduce, false, out.type, out.count, -1, &op, plan.slices),
-                  "all_reduce");
-      co_await staging_.sliced_call(c, ctx.deadline, plan, in.data, out.data, out.device.index,
-                                    "all_reduce", cpu::staging::no_start, [&](const cpu::slice& s) {
-                                      return dispatch_.all_reduce(c, s.host, s.host, s.count,
-                                                                  out.type, op);
-                                    });
+      cpu::call c(
+          *net_, ctx, true,
+          sig(ctx, operation::all_reduce, false, out.type, out.count, -1, &op, plan.slices));
+      co_await staging_.sliced_call(
+          c, ctx.deadline, plan, in.data, out.data, out.device.index, dcomm::name(ctx.operation),
+          cpu::staging::no_start, [&](const cpu::slice& s) {
+            return dispatch_.all_reduce(c, s.host, s.host, s.count, out.type, op);
+          });
       co_return;
     }
     if (cpu::staging::needed(in, out)) {
@@ -322,9 +320,9 @@ class cpu_backend {
                               [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
       co_return;
     }
-    const bool arena = !staged && in_arena(ctx, coll_op::all_reduce, out.bytes(), "all_reduce");
+    const bool arena = !staged && in_arena(ctx, operation::all_reduce, out.bytes());
     cpu::call c(*net_, ctx, true,
-                sig(ctx, coll_op::all_reduce, arena, out.type, out.count, -1, &op), "all_reduce");
+                sig(ctx, operation::all_reduce, arena, out.type, out.count, -1, &op));
     if (arena && !c.state().failure) {  // as barrier's
       using cpu::dispatcher;
       cpu::arena_call a(c);
@@ -348,8 +346,7 @@ class cpu_backend {
                               [&](auto i, auto o) { return scatter(ctx, i, o, root); });
       co_return;
     }
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::scatter, false, out.type, out.count, root),
-                "scatter");
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::scatter, false, out.type, out.count, root));
     co_await c.run([&] { return dispatch_.scatter(c, in.data, out.data, out.bytes(), root); });
   }
 
@@ -361,8 +358,7 @@ class cpu_backend {
                               [&](auto i, auto o) { return gather(ctx, i, o, root); });
       co_return;
     }
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::gather, false, in.type, in.count, root),
-                "gather");
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::gather, false, in.type, in.count, root));
     co_await c.run([&] { return dispatch_.gather(c, in.data, out.data, in.bytes(), root); });
   }
 
@@ -373,9 +369,8 @@ class cpu_backend {
                               [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
       co_return;
     }
-    const bool arena = !staged && in_arena(ctx, coll_op::all_gather, out.bytes(), "all_gather");
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather, arena, in.type, in.count),
-                "all_gather");
+    const bool arena = !staged && in_arena(ctx, operation::all_gather, out.bytes());
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather, arena, in.type, in.count));
     co_await c.run([&] {
       if (arena) return cpu::dispatcher::arena_all_gather(c, in.data, out.data, in.bytes());
       return dispatch_.all_gather(c, in.data, out.data, in.count, in.type);
@@ -391,8 +386,7 @@ class cpu_backend {
       co_return;
     }
     cpu::call c(*net_, ctx, true,
-                sig(ctx, coll_op::reduce_scatter, false, out.type, out.count, -1, &op),
-                "reduce_scatter");
+                sig(ctx, operation::reduce_scatter, false, out.type, out.count, -1, &op));
     co_await c.run(
         [&] { return dispatch_.reduce_scatter(c, in.data, out.data, out.count, out.type, op); });
   }
@@ -406,8 +400,7 @@ class cpu_backend {
       co_return;
     }
     const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all, false, in.type, in.count / n),
-                "all_to_all");
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all, false, in.type, in.count / n));
     co_await c.run([&] { return dispatch_.all_to_all(c, in.data, out.data, in.bytes() / n); });
   }
 
@@ -417,8 +410,7 @@ class cpu_backend {
     if (cpu::staging::needed(in))
       co_return co_await staging_.whole(
           in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_gather_v, false, in.type, 0),
-                "all_gather_v");
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather_v, false, in.type, 0));
     std::vector<std::size_t> counts;
     co_await c.run(
         [&]() -> detail::task<void> { counts = co_await dispatch_.all_gather_v(c, in, alloc); });
@@ -432,8 +424,7 @@ class cpu_backend {
       co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
         return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
       });
-    cpu::call c(*net_, ctx, true, sig(ctx, coll_op::all_to_all_v, false, in.type, 0),
-                "all_to_all_v");
+    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all_v, false, in.type, 0));
     std::vector<std::size_t> counts;
     co_await c.run([&]() -> detail::task<void> {
       counts = co_await dispatch_.all_to_all_v(c, in, send_counts, alloc);
@@ -444,8 +435,6 @@ class cpu_backend {
   const options& settings() const { return o_; }
 
  private:
-  using coll_op = cpu::coll_op;
-
   cpu_backend(asio::any_io_executor ex, std::shared_ptr<cpu::transport> net, options o,
               cpu::dispatcher dispatch)
       : ex_(std::move(ex)),
@@ -455,11 +444,11 @@ class cpu_backend {
         staging_(ex_, o_.staging_slice, net_->rank()) {}
 
   static cpu::call_signature p2p_sig(dtype t, std::size_t count) {
-    return {.op = coll_op::p2p, .type = t, .count = count};
+    return {.op = operation::send, .type = t, .count = count};
   }
   // `arena`: the call runs in its group's arena; `slices`: of a CUDA tensor
   // staged slice by slice (0: not sliced).
-  cpu::call_signature sig(const op_context& ctx, coll_op op, bool arena, dtype t = dtype::uint8,
+  cpu::call_signature sig(const op_context& ctx, operation op, bool arena, dtype t = dtype::uint8,
                           std::size_t count = 0, int root = -1, const reducer* r = nullptr,
                           std::size_t slices = 0) const {
     return {.op = op,
@@ -476,10 +465,10 @@ class cpu_backend {
   }
 
   // Whether the call meets in its group's arena (cpu::dispatcher::in_arena).
-  bool in_arena(const op_context& ctx, coll_op op, std::size_t bytes, const char* operation) const {
+  bool in_arena(const op_context& ctx, operation op, std::size_t bytes) const {
     return dispatch_.in_arena(
-        op, ctx.algorithm, bytes, [&] { return net_->arena_serves(*ctx.group); }, operation,
-        rank());
+        op, ctx.algorithm, bytes, [&] { return net_->arena_serves(*ctx.group); },
+        dcomm::name(ctx.operation), rank());
   }
 
   asio::any_io_executor ex_;

@@ -152,7 +152,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   // The backend picks its algorithms itself (MPI's, tuned with MPI's own
   // parameters, e.g. OMPI_MCA_coll_tuned_*; for all_reduce and barrier
   // dcomm's over messages, set by options): a call may not ask for one.
-  static void check_algorithm(std::string_view operation, algorithm a);
+  static void check_algorithm(operation op, algorithm a);
   // Host memory only.
   void check_tensor(const const_tensor_view& v, const char* operation) const;
   // MPI_Comm_split of the parent's communicator, in the parent's order.
@@ -193,39 +193,36 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
 
   // --- mpi/impl/backend.hpp ---
   // The operation's group's communicators; errc::invalid_argument if none.
-  const mpi::group_comms& comms_of(const op_context& ctx, const char* operation) const;
-  MPI_Comm comm_of(const op_context& ctx, const char* operation) const {
-    return comms_of(ctx, operation).comm;
-  }
+  // Errors name the call as the user made it (ctx.operation) and its number.
+  const mpi::group_comms& comms_of(const op_context& ctx) const;
+  MPI_Comm comm_of(const op_context& ctx) const { return comms_of(ctx).comm; }
   // Before an operation's first MPI call: a failed backend refuses it.
-  void check_alive(const op_context& ctx, const char* operation) const;
+  void check_alive(const op_context& ctx) const;
   // Throws a dcomm::error for an MPI error code (device_error: MPI
   // failed; mismatch: it truncated a message).
-  [[noreturn]] void fail(int code, const op_context& ctx, const char* operation,
-                         std::string peers = "") const;
-  void check(int code, const op_context& ctx, const char* operation) const {
-    if (code != MPI_SUCCESS) fail(code, ctx, operation);
+  [[noreturn]] void fail(int code, const op_context& ctx, std::string peers = "") const;
+  void check(int code, const op_context& ctx) const {
+    if (code != MPI_SUCCESS) fail(code, ctx);
   }
   // Until the requests are complete (statuses: one per request, or null),
   // polling, then sleeping between tests; at the deadline, a timeout.
   DCOMM_EMIT_ON_USE detail::task<void> wait(MPI_Request* requests, int n, const op_context& ctx,
-                                            const char* operation, MPI_Status* statuses = nullptr,
-                                            std::string peers = "");
+                                            MPI_Status* statuses = nullptr, std::string peers = "");
   // The deadline passed with `requests` pending: receives are cancelled,
   // anything else leaves the backend failed. Throws errc::timeout.
   [[noreturn]] void timed_out(MPI_Request* requests, int n, bool receives_only,
-                              const op_context& ctx, const char* operation,
-                              const std::string& peers);
+                              const op_context& ctx, const std::string& peers);
   // options::check_calls: the group's ranks compare (op, dtype, count,
   // root, reduce op) before the call.
-  DCOMM_EMIT_ON_USE detail::task<void> check_signature(const op_context& ctx, const char* operation,
+  DCOMM_EMIT_ON_USE detail::task<void> check_signature(const op_context& ctx,
                                                        std::uint64_t signature);
   std::string group_name(const op_context& ctx) const;
+  // "all_reduce #3 of group {0,1}": the call as its errors name it.
+  std::string call_name(const op_context& ctx) const;
   // --- mpi/impl/p2p_all_reduce.hpp: all_reduce over messages ---
-  // (A barrier is one of nothing: `operation` names the call.)
+  // (A barrier is one of nothing.)
   DCOMM_EMIT_ON_USE detail::task<void> doubling_all_reduce(op_context ctx, const_tensor_view in,
-                                                           tensor_view out, reducer r,
-                                                           const char* operation);
+                                                           tensor_view out, reducer r);
   DCOMM_EMIT_ON_USE detail::task<void> ring_all_reduce(op_context ctx, const_tensor_view in,
                                                        tensor_view out, reducer r);
 

@@ -129,7 +129,7 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // This rank's GPU only; every dtype of dcomm is one NCCL carries.
   // NCCL picks its algorithms itself (NCCL_ALGO tunes them): a call may
   // not ask for one of dcomm's.
-  static void check_algorithm(std::string_view operation, algorithm a);
+  static void check_algorithm(operation op, algorithm a);
   void check_tensor(const const_tensor_view& v, const char* operation) const;
 
   // ncclCommSplit of the parent's communicator, issued in the parent's
@@ -234,10 +234,9 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
   // behind them, then waits for the GPU to pass it (or, stream-ordered,
   // leaves a watcher that aborts on the deadline). `enqueue(group&,
   // cudaStream_t, nccl::staging&)` makes the NCCL calls and returns NCCL's
-  // result.
+  // result. Errors name ctx.operation, the call as the user made it.
   template <class Enqueue>
-  detail::task<void> run(const op_context& ctx, const char* operation, std::size_t bytes,
-                         Enqueue enqueue);
+  detail::task<void> run(const op_context& ctx, std::size_t bytes, Enqueue enqueue);
   // Waits for this operation's turn on g's communicator.
   DCOMM_EMIT_ON_USE detail::task<void> take_turn(group& g, std::uint64_t ticket,
                                                  const op_context& ctx, const char* operation);
@@ -305,8 +304,8 @@ class nccl_backend : public std::enable_shared_from_this<nccl_backend> {
                                                     op_context ctx, const char* operation);
 
   // --- the operations' helpers (nccl/impl/operations.hpp) ---
-  static void check_tag(const op_context& ctx, const char* operation);
-  static void no_stream(const op_context& ctx, const char* operation);
+  static void check_tag(const op_context& ctx);
+  static void no_stream(const op_context& ctx);
   void local_copy(void* dst, const void* src, std::size_t bytes, cudaStream_t s) const;
   // Byte transfers as one NCCL group (sends and receives to many peers
   // proceed together and cannot deadlock on each other).

@@ -532,10 +532,10 @@ class self_backend {
   static constexpr bool supports_custom_reduce = true;
   static constexpr bool supports_bitwise_reduce = true;
   static constexpr bool supports_streams = false;
-  static void check_algorithm(std::string_view operation, dcomm::algorithm a) {
+  static void check_algorithm(dcomm::operation op, dcomm::algorithm a) {
     if (a != dcomm::algorithm::automatic)
       dcomm::throw_error(dcomm::errc::invalid_argument,
-                         {.operation = std::string(operation), .detail = "one algorithm only"});
+                         {.operation = dcomm::name(op), .detail = "one algorithm only"});
   }
 
   explicit self_backend(asio::any_io_executor ex) : ex_(std::move(ex)) {}

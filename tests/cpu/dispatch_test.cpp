@@ -19,14 +19,14 @@
 namespace {
 
 using dcomm::algorithm;
-using dcomm::cpu::coll_op;
+using dcomm::operation;
 
 constexpr std::size_t kib = 1024;
 constexpr std::size_t huge = std::size_t{1} << 40;
 
 // What a call of `op` moving `bytes` (as many elements: uint8) runs among
 // `world` ranks, asking for `asked`.
-std::optional<algorithm> pick(coll_op op, std::size_t bytes, int world = 4,
+std::optional<algorithm> pick(operation op, std::size_t bytes, int world = 4,
                               algorithm asked = algorithm::automatic,
                               const dcomm::cpu_backend::options& o = {}) {
   return dcomm::cpu::choose(op, asked, {.bytes = bytes, .count = bytes}, world, o);
@@ -60,17 +60,17 @@ std::string refusal_of(std::string_view spec) {
 TEST_SUITE("cpu dispatch") {
   TEST_CASE(
       "defaults: each op's small algorithm up to its limit (docs/communicator.md), large above") {
-    CHECK(pick(coll_op::all_reduce, 64 * kib) == algorithm::recursive_doubling);
-    CHECK(pick(coll_op::all_reduce, 64 * kib + 1) == algorithm::ring);
-    CHECK(pick(coll_op::broadcast, 256 * kib) == algorithm::binomial_tree);
-    CHECK(pick(coll_op::broadcast, 256 * kib + 1) == algorithm::chain);
-    CHECK(pick(coll_op::reduce, 256 * kib) == algorithm::binomial_tree);  // broadcast's limit
-    CHECK(pick(coll_op::reduce, 256 * kib + 1) == algorithm::chain);
-    CHECK(pick(coll_op::all_gather, 64 * kib) == algorithm::direct);
-    CHECK(pick(coll_op::all_gather, 64 * kib + 1) == algorithm::ring);
-    CHECK(pick(coll_op::reduce_scatter, 64 * kib) == algorithm::direct);
-    CHECK(pick(coll_op::reduce_scatter, 64 * kib + 1) == algorithm::ring);
-    CHECK(pick(coll_op::all_reduce, 0) == algorithm::recursive_doubling);
+    CHECK(pick(operation::all_reduce, 64 * kib) == algorithm::recursive_doubling);
+    CHECK(pick(operation::all_reduce, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(operation::broadcast, 256 * kib) == algorithm::binomial_tree);
+    CHECK(pick(operation::broadcast, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(operation::reduce, 256 * kib) == algorithm::binomial_tree);  // broadcast's limit
+    CHECK(pick(operation::reduce, 256 * kib + 1) == algorithm::chain);
+    CHECK(pick(operation::all_gather, 64 * kib) == algorithm::direct);
+    CHECK(pick(operation::all_gather, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(operation::reduce_scatter, 64 * kib) == algorithm::direct);
+    CHECK(pick(operation::reduce_scatter, 64 * kib + 1) == algorithm::ring);
+    CHECK(pick(operation::all_reduce, 0) == algorithm::recursive_doubling);
   }
 
   TEST_CASE("each op reads its own option's limit") {
@@ -82,17 +82,17 @@ TEST_SUITE("cpu dispatch") {
     o.small_all_gather = 3000;
     o.small_reduce_scatter = 4000;
     struct row {
-      coll_op op;
+      operation op;
       std::size_t limit;
       algorithm small, large;
     };
     for (const row& r :
-         {row{coll_op::all_reduce, 1000, algorithm::recursive_doubling, algorithm::ring},
-          row{coll_op::broadcast, 2000, algorithm::binomial_tree, algorithm::chain},
-          row{coll_op::reduce, 2000, algorithm::binomial_tree, algorithm::chain},
-          row{coll_op::all_gather, 3000, algorithm::direct, algorithm::ring},
-          row{coll_op::reduce_scatter, 4000, algorithm::direct, algorithm::ring}}) {
-      CAPTURE(dcomm::cpu::name(r.op));
+         {row{operation::all_reduce, 1000, algorithm::recursive_doubling, algorithm::ring},
+          row{operation::broadcast, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{operation::reduce, 2000, algorithm::binomial_tree, algorithm::chain},
+          row{operation::all_gather, 3000, algorithm::direct, algorithm::ring},
+          row{operation::reduce_scatter, 4000, algorithm::direct, algorithm::ring}}) {
+      CAPTURE(dcomm::name(r.op));
       CHECK(pick(r.op, 1, 4, algorithm::automatic, o) == r.small);
       CHECK(pick(r.op, r.limit - 1, 4, algorithm::automatic, o) == r.small);
       CHECK(pick(r.op, r.limit, 4, algorithm::automatic, o) == r.small);
@@ -102,9 +102,9 @@ TEST_SUITE("cpu dispatch") {
   }
 
   TEST_CASE("ops with one algorithm run it at any size") {
-    for (coll_op op : {coll_op::scatter, coll_op::gather, coll_op::all_to_all,
-                       coll_op::all_gather_v, coll_op::all_to_all_v}) {
-      CAPTURE(dcomm::cpu::name(op));
+    for (operation op : {operation::scatter, operation::gather, operation::all_to_all,
+                         operation::all_gather_v, operation::all_to_all_v}) {
+      CAPTURE(dcomm::name(op));
       CHECK(pick(op, 0) == algorithm::direct);
       CHECK(pick(op, huge) == algorithm::direct);
       CHECK(pick(op, huge, 4, algorithm::direct) == algorithm::direct);
@@ -114,94 +114,101 @@ TEST_SUITE("cpu dispatch") {
   TEST_CASE("all_reduce with fewer elements than ranks runs recursive doubling at any size") {
     const dcomm::cpu_backend::options o;
     auto all_reduce = [&](std::size_t count, int world) {
-      return dcomm::cpu::choose(coll_op::all_reduce, algorithm::automatic,
+      return dcomm::cpu::choose(operation::all_reduce, algorithm::automatic,
                                 {.bytes = huge, .count = count}, world, o);
     };
     CHECK(all_reduce(3, 4) == algorithm::recursive_doubling);
     CHECK(all_reduce(4, 4) == algorithm::ring);
     CHECK(all_reduce(0, 2) == algorithm::recursive_doubling);
     // Only all_reduce's ring cuts the data per rank.
-    CHECK(dcomm::cpu::choose(coll_op::all_gather, algorithm::automatic, {.bytes = huge, .count = 1},
-                             4, o) == algorithm::ring);
+    CHECK(dcomm::cpu::choose(operation::all_gather, algorithm::automatic,
+                             {.bytes = huge, .count = 1}, 4, o) == algorithm::ring);
   }
 
   TEST_CASE("a world of one runs the small algorithm, whatever the size or the request") {
-    CHECK(pick(coll_op::all_reduce, huge, 1) == algorithm::recursive_doubling);
-    CHECK(pick(coll_op::all_reduce, huge, 1, algorithm::ring) == algorithm::recursive_doubling);
-    CHECK(pick(coll_op::reduce, huge, 1, algorithm::chain) == algorithm::binomial_tree);
-    CHECK(pick(coll_op::broadcast, huge, 1) == algorithm::binomial_tree);
-    CHECK(pick(coll_op::reduce_scatter, huge, 1, algorithm::ring) == algorithm::direct);
-    CHECK(pick(coll_op::all_gather, huge, 1) == algorithm::direct);
+    CHECK(pick(operation::all_reduce, huge, 1) == algorithm::recursive_doubling);
+    CHECK(pick(operation::all_reduce, huge, 1, algorithm::ring) == algorithm::recursive_doubling);
+    CHECK(pick(operation::reduce, huge, 1, algorithm::chain) == algorithm::binomial_tree);
+    CHECK(pick(operation::broadcast, huge, 1) == algorithm::binomial_tree);
+    CHECK(pick(operation::reduce_scatter, huge, 1, algorithm::ring) == algorithm::direct);
+    CHECK(pick(operation::all_gather, huge, 1) == algorithm::direct);
     // Still refused: the request is checked before the world.
-    CHECK(pick(coll_op::broadcast, 1, 1, algorithm::ring) == std::nullopt);
+    CHECK(pick(operation::broadcast, 1, 1, algorithm::ring) == std::nullopt);
   }
 
   TEST_CASE("an algorithm the call asks for wins over the size") {
-    CHECK(pick(coll_op::all_reduce, 8, 4, algorithm::ring) == algorithm::ring);
-    CHECK(pick(coll_op::all_reduce, huge, 4, algorithm::recursive_doubling) ==
+    CHECK(pick(operation::all_reduce, 8, 4, algorithm::ring) == algorithm::ring);
+    CHECK(pick(operation::all_reduce, huge, 4, algorithm::recursive_doubling) ==
           algorithm::recursive_doubling);
-    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::chain) == algorithm::chain);
-    CHECK(pick(coll_op::reduce, huge, 4, algorithm::binomial_tree) == algorithm::binomial_tree);
-    CHECK(pick(coll_op::all_gather, huge, 4, algorithm::direct) == algorithm::direct);
-    CHECK(pick(coll_op::reduce_scatter, 1, 4, algorithm::ring) == algorithm::ring);
+    CHECK(pick(operation::broadcast, 1, 4, algorithm::chain) == algorithm::chain);
+    CHECK(pick(operation::reduce, huge, 4, algorithm::binomial_tree) == algorithm::binomial_tree);
+    CHECK(pick(operation::all_gather, huge, 4, algorithm::direct) == algorithm::direct);
+    CHECK(pick(operation::reduce_scatter, 1, 4, algorithm::ring) == algorithm::ring);
   }
 
   TEST_CASE("requested: the call's algorithm, else DCOMM_ALGO's for the op, else automatic") {
     CHECK(dcomm::cpu::parse_algorithm_overrides("all_reduce=ring,broadcast=chain").size() == 2);
     const dcomm::cpu::dispatcher d(with_algorithms("all_reduce=ring,broadcast=chain"));
-    CHECK(d.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::ring);
-    CHECK(d.requested(coll_op::all_reduce, algorithm::recursive_doubling) ==
+    CHECK(d.requested(operation::all_reduce, algorithm::automatic) == algorithm::ring);
+    CHECK(d.requested(operation::all_reduce, algorithm::recursive_doubling) ==
           algorithm::recursive_doubling);
-    CHECK(d.requested(coll_op::broadcast, algorithm::automatic) == algorithm::chain);
-    CHECK(d.requested(coll_op::reduce, algorithm::automatic) == algorithm::automatic);
+    CHECK(d.requested(operation::broadcast, algorithm::automatic) == algorithm::chain);
+    CHECK(d.requested(operation::reduce, algorithm::automatic) == algorithm::automatic);
     const dcomm::cpu::dispatcher plain(with_algorithms(""));
-    CHECK(plain.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::automatic);
+    CHECK(plain.requested(operation::all_reduce, algorithm::automatic) == algorithm::automatic);
     // Then the override wins over the size, as a call's request does.
-    CHECK(pick(coll_op::all_reduce, 8, 4, d.requested(coll_op::all_reduce, algorithm::automatic)) ==
-          algorithm::ring);
+    CHECK(pick(operation::all_reduce, 8, 4,
+               d.requested(operation::all_reduce, algorithm::automatic)) == algorithm::ring);
     // Empty items are skipped; the last of two for one op counts.
     const auto more =
         dcomm::cpu::parse_algorithm_overrides(",all_reduce=ring,,all_reduce=automatic,");
     CHECK(more.size() == 1);
     const dcomm::cpu::dispatcher last(with_algorithms(",all_reduce=ring,,all_reduce=automatic,"));
-    CHECK(last.requested(coll_op::all_reduce, algorithm::automatic) == algorithm::automatic);
+    CHECK(last.requested(operation::all_reduce, algorithm::automatic) == algorithm::automatic);
     CHECK(dcomm::cpu::parse_algorithm_overrides("").empty());
     // A dispatcher refuses what DCOMM_ALGO asks wrongly, as start-up does.
     CHECK_THROWS_AS(dcomm::cpu::dispatcher(with_algorithms("broadcast=ring")), dcomm::error);
   }
 
   TEST_CASE("refusals: an algorithm the op does not have, from a call or DCOMM_ALGO") {
-    CHECK(pick(coll_op::broadcast, 1, 4, algorithm::ring) == std::nullopt);
-    CHECK(pick(coll_op::all_reduce, 1, 4, algorithm::chain) == std::nullopt);
-    CHECK(pick(coll_op::scatter, 1, 4, algorithm::ring) == std::nullopt);
-    CHECK(pick(coll_op::barrier, 1, 4, algorithm::direct) == std::nullopt);
+    CHECK(pick(operation::broadcast, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(operation::all_reduce, 1, 4, algorithm::chain) == std::nullopt);
+    CHECK(pick(operation::scatter, 1, 4, algorithm::ring) == std::nullopt);
+    CHECK(pick(operation::barrier, 1, 4, algorithm::direct) == std::nullopt);
 
     using dcomm::cpu::refuse_algorithm;
-    CHECK(refuse_algorithm("all_reduce", algorithm::ring).empty());
-    CHECK(refuse_algorithm("barrier", algorithm::automatic).empty());
-    CHECK(refuse_algorithm("send", algorithm::automatic).empty());
-    const auto broadcast_ring = refuse_algorithm("broadcast", algorithm::ring);
+    CHECK(refuse_algorithm(operation::all_reduce, algorithm::ring).empty());
+    CHECK(refuse_algorithm(operation::barrier, algorithm::automatic).empty());
+    CHECK(refuse_algorithm(operation::send, algorithm::automatic).empty());
+    const auto broadcast_ring = refuse_algorithm(operation::broadcast, algorithm::ring);
     CHECK(contains(broadcast_ring, "algorithm ring is not available for broadcast"));
     CHECK(
         contains(broadcast_ring, "(it has binomial_tree, chain, shared_memory and hierarchical)"));
-    CHECK(contains(refuse_algorithm("scatter", algorithm::ring), "(it has direct)"));
-    CHECK(contains(refuse_algorithm("barrier", algorithm::direct),
+    CHECK(contains(refuse_algorithm(operation::scatter, algorithm::ring), "(it has direct)"));
+    CHECK(contains(refuse_algorithm(operation::barrier, algorithm::direct),
                    "(it has one message algorithm: leave it automatic; or shared_memory and "
                    "hierarchical)"));
-    CHECK(contains(refuse_algorithm("send", algorithm::ring), "it has no algorithm to choose"));
+    CHECK(contains(refuse_algorithm(operation::send, algorithm::ring),
+                   "it has no algorithm to choose"));
 
     CHECK(refusal_of("all_reduce=ring,broadcast=binomial_tree").empty());
     CHECK(contains(refusal_of("all_reduce"), "'all_reduce' has no '='"));
     CHECK(contains(refusal_of("all_reduce=fastest"), "unknown algorithm 'fastest'"));
     CHECK(contains(refusal_of("allreduce=ring"), "unknown operation 'allreduce'"));
     CHECK(contains(refusal_of("broadcast=ring"), "(it has binomial_tree, chain, shared_memory"));
+    // Every collective of the table, the _v forms too; no other operation.
+    CHECK(refusal_of("all_gather_v=direct,all_to_all_v=direct,reduce_scatter=ring").empty());
+    CHECK(contains(refusal_of("send=direct"),
+                   "unknown operation 'send' (one of the collectives: "
+                   "barrier, broadcast, reduce, all_reduce"));
+    CHECK(contains(refusal_of("broadcast_object=chain"), "unknown operation 'broadcast_object'"));
   }
 
   TEST_CASE("the table has one row per collective, found by its op") {
-    for (int i = static_cast<int>(coll_op::barrier); i <= static_cast<int>(coll_op::all_to_all_v);
-         ++i) {
-      const auto op = static_cast<coll_op>(i);
-      CAPTURE(dcomm::cpu::name(op));
+    for (int i = static_cast<int>(operation::barrier);
+         i <= static_cast<int>(operation::all_to_all_v); ++i) {
+      const auto op = static_cast<operation>(i);
+      CAPTURE(dcomm::name(op));
       CHECK(dcomm::cpu::algorithms_of(op).op == op);
     }
   }
@@ -209,30 +216,30 @@ TEST_SUITE("cpu dispatch") {
   TEST_CASE("across hosts all_reduce, broadcast and barrier go through the hosts, unless asked") {
     const dcomm::cpu_backend::options o;
     auto across = [&](std::size_t bytes, algorithm asked = algorithm::automatic) {
-      return dcomm::cpu::choose(coll_op::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4, o,
-                                true);
+      return dcomm::cpu::choose(operation::all_reduce, asked, {.bytes = bytes, .count = bytes}, 4,
+                                o, true);
     };
     CHECK(across(4) == algorithm::hierarchical);
     CHECK(across(64 * 1024 * 1024) == algorithm::hierarchical);
     CHECK(across(4, algorithm::ring) == algorithm::ring);
     CHECK(across(4, algorithm::recursive_doubling) == algorithm::recursive_doubling);
-    CHECK(pick(coll_op::all_reduce, 4, 4, algorithm::hierarchical) == algorithm::hierarchical);
-    CHECK(pick(coll_op::all_reduce, 4) == algorithm::recursive_doubling);  // one host
+    CHECK(pick(operation::all_reduce, 4, 4, algorithm::hierarchical) == algorithm::hierarchical);
+    CHECK(pick(operation::all_reduce, 4) == algorithm::recursive_doubling);  // one host
     // So do broadcast and barrier; the others stay flat.
-    for (auto op : {coll_op::broadcast, coll_op::barrier}) {
-      CAPTURE(dcomm::cpu::name(op));
+    for (auto op : {operation::broadcast, operation::barrier}) {
+      CAPTURE(dcomm::name(op));
       CHECK(dcomm::cpu::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
             algorithm::hierarchical);
       CHECK(dcomm::cpu::choose(op, algorithm::automatic, {.bytes = 4}, 4, o, false) !=
             algorithm::hierarchical);
-      CHECK(dcomm::cpu::refuse_algorithm(dcomm::cpu::name(op), algorithm::hierarchical).empty());
+      CHECK(dcomm::cpu::refuse_algorithm(op, algorithm::hierarchical).empty());
     }
-    CHECK(dcomm::cpu::choose(coll_op::broadcast, algorithm::chain, {.bytes = 4}, 4, o, true) ==
+    CHECK(dcomm::cpu::choose(operation::broadcast, algorithm::chain, {.bytes = 4}, 4, o, true) ==
           algorithm::chain);
-    CHECK(dcomm::cpu::choose(coll_op::all_gather, algorithm::automatic, {.bytes = 4}, 4, o, true) ==
-          algorithm::direct);
-    CHECK(pick(coll_op::reduce, 4, 4, algorithm::hierarchical) == std::nullopt);
-    CHECK(dcomm::cpu::refuse_algorithm("all_reduce", algorithm::hierarchical).empty());
+    CHECK(dcomm::cpu::choose(operation::all_gather, algorithm::automatic, {.bytes = 4}, 4, o,
+                             true) == algorithm::direct);
+    CHECK(pick(operation::reduce, 4, 4, algorithm::hierarchical) == std::nullopt);
+    CHECK(dcomm::cpu::refuse_algorithm(operation::all_reduce, algorithm::hierarchical).empty());
     CHECK(refusal_of("all_reduce=hierarchical,broadcast=hierarchical").empty());
     CHECK(contains(refusal_of("reduce=hierarchical"),
                    "(it has binomial_tree, chain and shared_memory)"));
@@ -295,35 +302,35 @@ TEST_SUITE("cpu dispatch") {
       ++asked_arena;
       return false;
     };
-    auto in_arena = [&](coll_op op, std::size_t bytes, auto serves,
+    auto in_arena = [&](operation op, std::size_t bytes, auto serves,
                         algorithm asked = algorithm::automatic) {
       return d.in_arena(op, asked, bytes, serves, "op", 0);
     };
-    for (coll_op op :
-         {coll_op::barrier, coll_op::broadcast, coll_op::all_reduce, coll_op::all_gather}) {
-      CAPTURE(dcomm::cpu::name(op));
+    for (operation op :
+         {operation::barrier, operation::broadcast, operation::all_reduce, operation::all_gather}) {
+      CAPTURE(dcomm::name(op));
       CHECK(in_arena(op, huge, yes));
       CHECK_FALSE(in_arena(op, 4, no));
       // Another algorithm asked for (barrier's message one has no name).
       const algorithm other =
-          op == coll_op::barrier ? algorithm::hierarchical : dcomm::cpu::algorithms_of(op).large;
+          op == operation::barrier ? algorithm::hierarchical : dcomm::cpu::algorithms_of(op).large;
       CHECK_FALSE(in_arena(op, 4, yes, other));
     }
-    CHECK(in_arena(coll_op::reduce, 64 * kib, yes));
+    CHECK(in_arena(operation::reduce, 64 * kib, yes));
     asked_arena = 0;
     // Above its limit a reduce keeps its messages, and does not ask for an
     // arena (a group's is claimed on the first ask).
-    CHECK_FALSE(in_arena(coll_op::reduce, 64 * kib + 1, yes));
+    CHECK_FALSE(in_arena(operation::reduce, 64 * kib + 1, yes));
     CHECK(asked_arena == 0);
-    CHECK(in_arena(coll_op::reduce, huge, yes, algorithm::shared_memory));
-    for (coll_op op : {coll_op::scatter, coll_op::gather, coll_op::reduce_scatter,
-                       coll_op::all_to_all, coll_op::all_gather_v, coll_op::all_to_all_v})
+    CHECK(in_arena(operation::reduce, huge, yes, algorithm::shared_memory));
+    for (operation op : {operation::scatter, operation::gather, operation::reduce_scatter,
+                         operation::all_to_all, operation::all_gather_v, operation::all_to_all_v})
       CHECK_FALSE(in_arena(op, 4, yes));
-    CHECK_THROWS_WITH_AS(in_arena(coll_op::all_reduce, 4, no, algorithm::shared_memory),
+    CHECK_THROWS_WITH_AS(in_arena(operation::all_reduce, 4, no, algorithm::shared_memory),
                          doctest::Contains("algorithm shared_memory needs a group"), dcomm::error);
     // DCOMM_ALGO's shared_memory counts as the call's own request.
     const dcomm::cpu::dispatcher forced(with_algorithms("reduce=shared_memory"));
-    CHECK(forced.in_arena(coll_op::reduce, algorithm::automatic, huge, yes, "reduce", 0));
+    CHECK(forced.in_arena(operation::reduce, algorithm::automatic, huge, yes, "reduce", 0));
   }
 
   TEST_CASE("a hierarchical call's phases choose as a flat call would, with the same options") {
@@ -331,14 +338,14 @@ TEST_SUITE("cpu dispatch") {
     o.small_all_reduce = 1000;
     o.small_broadcast = 2000;
     const dcomm::cpu::dispatcher d(o);
-    CHECK_FALSE(d.large(coll_op::all_reduce, 1000, 1000, 2));
-    CHECK(d.large(coll_op::all_reduce, 1001, 1001, 2));
-    CHECK_FALSE(d.large(coll_op::all_reduce, 1001, 1, 2));  // fewer elements than ranks
-    CHECK_FALSE(d.large(coll_op::all_reduce, huge, huge, 1));
-    CHECK_FALSE(d.large(coll_op::broadcast, 2000, 2000, 3));
-    CHECK(d.large(coll_op::broadcast, 2001, 2001, 3));
-    CHECK(d.large(coll_op::reduce, 2001, 1, 3));  // reduce's chain needs no element per rank
-    CHECK_FALSE(d.large(coll_op::scatter, huge, huge, 4));  // one algorithm
+    CHECK_FALSE(d.large(operation::all_reduce, 1000, 1000, 2));
+    CHECK(d.large(operation::all_reduce, 1001, 1001, 2));
+    CHECK_FALSE(d.large(operation::all_reduce, 1001, 1, 2));  // fewer elements than ranks
+    CHECK_FALSE(d.large(operation::all_reduce, huge, huge, 1));
+    CHECK_FALSE(d.large(operation::broadcast, 2000, 2000, 3));
+    CHECK(d.large(operation::broadcast, 2001, 2001, 3));
+    CHECK(d.large(operation::reduce, 2001, 1, 3));  // reduce's chain needs no element per rank
+    CHECK_FALSE(d.large(operation::scatter, huge, huge, 4));  // one algorithm
     CHECK(d.chunk_bytes() == o.chunk_bytes);
   }
 

@@ -56,12 +56,12 @@ inline int mod(int a, int n) {
 // previous round's arrived, so that log2(n) rounds later every rank has
 // heard, through checked messages, from every other. It runs alongside the
 // algorithm and costs nothing in a world of one.
-inline bool needs_confirmation(coll_op op) {
+inline bool needs_confirmation(operation op) {
   switch (op) {
-    case coll_op::broadcast:
-    case coll_op::reduce:
-    case coll_op::scatter:
-    case coll_op::gather:
+    case operation::broadcast:
+    case operation::reduce:
+    case operation::scatter:
+    case operation::gather:
       return true;
     default:
       return false;
@@ -74,10 +74,10 @@ inline constexpr std::uint32_t confirmation_step = 0xff000000u;
 
 class call {
  public:
-  call(transport& t, const op_context& ctx, bool collective, call_signature sig,
-       const char* operation)
+  // Its errors name ctx.operation, what the user called.
+  call(transport& t, const op_context& ctx, bool collective, call_signature sig)
       : t_(t), group_(*ctx.group), op_(t.get_executor(), ctx.deadline), report_(ctx.report) {
-    op_.operation = operation;
+    op_.operation = name(ctx.operation);
     op_.entered = ctx.issued;
     op_.collective = collective;
     op_.group = group_.id;

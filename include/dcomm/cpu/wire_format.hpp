@@ -14,42 +14,20 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/detail/arrivals.hpp"
 #include "dcomm/dtype.hpp"
+#include "dcomm/operation.hpp"
 #include "dcomm/reduce_op.hpp"
 
 namespace dcomm::cpu {
-
-// Which collective a message belongs to; part of the call signature.
-enum class coll_op : std::uint8_t {
-  p2p = 0,
-  barrier,
-  broadcast,
-  reduce,
-  all_reduce,
-  scatter,
-  gather,
-  all_gather,
-  reduce_scatter,
-  all_to_all,
-  all_gather_v,
-  all_to_all_v,
-  counts,  // the count exchange of the _v and object forms
-};
-
-inline const char* name(coll_op op) {
-  static constexpr const char* names[] = {
-      "send/recv",    "barrier",      "broadcast",     "reduce",         "all_reduce",
-      "scatter",      "gather",       "all_gather",    "reduce_scatter", "all_to_all",
-      "all_gather_v", "all_to_all_v", "count exchange"};
-  auto i = static_cast<std::size_t>(op);
-  return i < std::size(names) ? names[i] : "unknown op";
-}
 
 // What a collective was called with. Every message carries the sender's, so
 // ranks that disagree fail with errc::mismatch instead of mixing data. (The
 // whole of a call's identity, group id, sequence number, step and this
 // signature, is stated in impl/call_identity.hpp.)
 struct call_signature {
-  coll_op op = coll_op::p2p;
+  // The operation the message belongs to: the collective the backend runs
+  // (a broadcast_object's messages are broadcast's), send for point to
+  // point (a receive matches the send's signature).
+  operation op = operation::send;
   dtype type = dtype::uint8;
   reduce_kind reduce = reduce_kind::sum;
   std::uint8_t has_reduce = 0;
@@ -72,9 +50,9 @@ struct call_signature {
 };
 
 inline std::string describe(const call_signature& s) {
+  if (s.op == operation::send) return "send/recv";
   std::string d = name(s.op);
-  if (s.op == coll_op::p2p) return d;
-  if (s.op == coll_op::barrier)
+  if (s.op == operation::barrier)
     return (s.algo == dcomm::algorithm::automatic
                 ? d
                 : d + "(" + std::string(dcomm::name(s.algo)) + ")") +
@@ -85,8 +63,8 @@ inline std::string describe(const call_signature& s) {
   if (s.algo != dcomm::algorithm::automatic) d += ", " + std::string(dcomm::name(s.algo));
   d += ")";
   if (s.slices) d += " staged from a CUDA tensor in " + std::to_string(s.slices) + " slices";
-  const bool rooted = s.op == coll_op::broadcast || s.op == coll_op::reduce ||
-                      s.op == coll_op::scatter || s.op == coll_op::gather;
+  const bool rooted = s.op == operation::broadcast || s.op == operation::reduce ||
+                      s.op == operation::scatter || s.op == operation::gather;
   if (s.arena) d += " in shared memory";
   if (rooted && !s.confirmed) d += " without confirmation (confirm_rooted off)";
   return d;
@@ -149,7 +127,7 @@ enum class call_progress : std::uint64_t { not_entered = 1, in_call, finished };
 // entered (bytes; a control frame has no payload).
 struct group_whereabouts {
   std::uint64_t in_call = 0;  // sequence number + 1; 0: in none
-  coll_op op = coll_op::p2p;
+  operation op = operation::send;
   std::uint32_t entered_ms_ago = 0;
   std::uint64_t calls_entered = 0;
 };

@@ -93,27 +93,29 @@ inline std::uint64_t take_sequence_number(group_state& group) {
 
 // A collective: numbered unless `refused` (then seq is 0 and never used:
 // the call completes with its refusal without reaching the backend).
-inline op_context collective_context(const std::shared_ptr<group_state>& group, const op_options& o,
-                                     bool refused) {
+inline op_context collective_context(const std::shared_ptr<group_state>& group, operation op,
+                                     const op_options& o, bool refused) {
   const auto now = detail::clock::now();
-  return {group,
-          refused ? 0 : take_sequence_number(*group),
-          now + o.timeout.value_or(group->timeout),
-          o.algorithm,
-          o.stream,
-          now};
+  return {.group = group,
+          .operation = op,
+          .seq = refused ? 0 : take_sequence_number(*group),
+          .deadline = now + o.timeout.value_or(group->timeout),
+          .algorithm = o.algorithm,
+          .stream = o.stream,
+          .issued = now};
 }
 
 // A point-to-point operation: the tag where a collective has its number.
-inline op_context p2p_context(const std::shared_ptr<group_state>& group, int tag,
+inline op_context p2p_context(const std::shared_ptr<group_state>& group, operation op, int tag,
                               const op_options& o) {
   const auto now = detail::clock::now();
-  return {group,
-          static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
-          now + o.timeout.value_or(group->timeout),
-          o.algorithm,
-          o.stream,
-          now};
+  return {.group = group,
+          .operation = op,
+          .seq = static_cast<std::uint64_t>(static_cast<std::int64_t>(tag)),
+          .deadline = now + o.timeout.value_or(group->timeout),
+          .algorithm = o.algorithm,
+          .stream = o.stream,
+          .issued = now};
 }
 
 }  // namespace dcomm::detail

@@ -25,8 +25,8 @@ inline bool partly_overlaps(const void* a, std::size_t an, const void* b, std::s
   return pa < pb + bn && pb < pa + an;
 }
 
-[[noreturn]] inline void invalid(const char* operation, std::string detail) {
-  throw_error(errc::invalid_argument, {.operation = operation, .detail = std::move(detail)});
+[[noreturn]] inline void invalid(operation op, std::string detail) {
+  throw_error(errc::invalid_argument, {.operation = name(op), .detail = std::move(detail)});
 }
 
 // Runs the checks in f; their failure, or null.
@@ -49,11 +49,11 @@ constexpr void same_element() {
 
 // What the backend cannot do with these options.
 template <backend Backend>
-void check_options(const char* operation, const op_options& o) {
+void check_options(operation op, const op_options& o) {
   if (o.stream && !Backend::supports_streams)
-    invalid(operation, "op_options::stream is set, but the " + std::string(Backend::name) +
-                           " backend has no streams; leave it null");
-  Backend::check_algorithm(operation, o.algorithm);
+    invalid(op, "op_options::stream is set, but the " + std::string(Backend::name) +
+                    " backend has no streams; leave it null");
+  Backend::check_algorithm(op, o.algorithm);
 }
 
 // The checks that need the group (its size, this rank) and the backend
@@ -66,43 +66,39 @@ class call_checks {
   int rank() const { return g_.rank; }
   int size() const { return g_.size(); }
 
-  void rank_in_range(int r, const char* operation, const char* what) const {
+  void rank_in_range(int r, operation op, const char* what) const {
     if (r < 0 || r >= size())
-      invalid(operation, std::string(what) + " " + std::to_string(r) + " is out of range: the " +
-                             (g_.id == 0 ? std::string("world") : g_.name) + " has " +
-                             std::to_string(size()) + " ranks");
+      invalid(op, std::string(what) + " " + std::to_string(r) + " is out of range: the " +
+                      (g_.id == 0 ? std::string("world") : g_.name) + " has " +
+                      std::to_string(size()) + " ranks");
   }
   // Where the tensor lives and its dtype: the backend's call (host memory
   // for tcp, its own GPU for nccl).
-  void tensor(const const_tensor_view& v, const char* operation) const {
-    b_.check_tensor(v, operation);
-  }
-  void peer(int p, const char* operation, const const_tensor_view& v) const {
-    tensor(v, operation);
-    rank_in_range(p, operation, "peer");
+  void tensor(const const_tensor_view& v, operation op) const { b_.check_tensor(v, name(op)); }
+  void peer(int p, operation op, const const_tensor_view& v) const {
+    tensor(v, op);
+    rank_in_range(p, op, "peer");
     if (p == rank())
-      invalid(operation, "rank " + std::to_string(p) + " cannot send to or receive from itself");
+      invalid(op, "rank " + std::to_string(p) + " cannot send to or receive from itself");
   }
-  void types(const const_tensor_view& in, const const_tensor_view& out,
-             const char* operation) const {
-    tensor(in, operation);
-    tensor(out, operation);
+  void types(const const_tensor_view& in, const const_tensor_view& out, operation op) const {
+    tensor(in, op);
+    tensor(out, op);
     if (in.type != out.type)
-      invalid(operation, "input is " + std::string(name(in.type)) + ", output is " +
-                             std::string(name(out.type)));
+      invalid(op, "input is " + std::string(name(in.type)) + ", output is " +
+                      std::string(name(out.type)));
   }
-  void blocks(const const_tensor_view& big, std::size_t block, const char* operation,
-              const char* big_name, const char* block_name) const {
+  void blocks(const const_tensor_view& big, std::size_t block, operation op, const char* big_name,
+              const char* block_name) const {
     if (big.count != block * static_cast<std::size_t>(size()))
-      invalid(operation, std::string(big_name) + " has " + std::to_string(big.count) +
-                             " elements; it must hold " + std::to_string(size()) + " blocks of " +
-                             block_name + "'s " + std::to_string(block));
+      invalid(op, std::string(big_name) + " has " + std::to_string(big.count) +
+                      " elements; it must hold " + std::to_string(size()) + " blocks of " +
+                      block_name + "'s " + std::to_string(block));
   }
-  void multiple_of_size(const const_tensor_view& v, const char* operation) const {
+  void multiple_of_size(const const_tensor_view& v, operation op) const {
     if (v.count % static_cast<std::size_t>(size()) != 0)
-      invalid(operation, "the buffer's " + std::to_string(v.count) +
-                             " elements are not a multiple of the group size " +
-                             std::to_string(size()));
+      invalid(op, "the buffer's " + std::to_string(v.count) +
+                      " elements are not a multiple of the group size " + std::to_string(size()));
   }
   // Where this rank's block lies in a buffer of size() blocks.
   const void* own_block_start(const const_tensor_view& big, std::size_t block) const {
@@ -117,10 +113,10 @@ class call_checks {
   // In and out may coincide where the in-place form allows (exact_ok),
   // never partly overlap.
   static void no_partial_overlap(const const_tensor_view& a, const const_tensor_view& b,
-                                 const char* operation, bool exact_ok) {
+                                 operation op, bool exact_ok) {
     if (exact_ok) return;
     if (partly_overlaps(a.data, a.bytes(), b.data, b.bytes()))
-      invalid(operation,
+      invalid(op,
               "input and output overlap; only this rank's own block may be shared "
               "(the in-place form)");
   }

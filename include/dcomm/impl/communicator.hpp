@@ -34,28 +34,27 @@ class comm_ops {
   // ---------------------------------------------------------------- p2p
 
   template <class Token>
-  auto send(const char* operation, const_tensor_view in, int dst, int tag, op_options o,
+  auto send(operation id, const_tensor_view in, int dst, int tag, op_options o,
             Token&& token) const {
     o = options(o);
     auto bad = check([&] {
-      checks().peer(dst, operation, in);
-      check_options<Backend>(operation, o);
+      checks().peer(dst, id, in);
+      check_options<Backend>(id, o);
     });
     return launch<void>(
-        c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
+        c_.rt_, std::forward<Token>(token), bad, p2p_context(c_.group_, id, tag, o),
         [in, dst](Backend& b, op_context c) { return b.send(std::move(c), in, dst); },
         trace::op_brief{.collective = false, .type = in.type, .count = in.count, .peer = dst});
   }
   template <class Token>
-  auto recv(const char* operation, tensor_view out, int src, int tag, op_options o,
-            Token&& token) const {
+  auto recv(operation id, tensor_view out, int src, int tag, op_options o, Token&& token) const {
     o = options(o);
     auto bad = check([&] {
-      checks().peer(src, operation, out);
-      check_options<Backend>(operation, o);
+      checks().peer(src, id, out);
+      check_options<Backend>(id, o);
     });
     return launch<void>(
-        c_.rt_, operation, std::forward<Token>(token), bad, p2p_context(c_.group_, tag, o),
+        c_.rt_, std::forward<Token>(token), bad, p2p_context(c_.group_, id, tag, o),
         [out, src](Backend& b, op_context c) { return b.recv(std::move(c), out, src); },
         trace::op_brief{.collective = false, .type = out.type, .count = out.count, .peer = src});
   }
@@ -65,18 +64,18 @@ class comm_ops {
   template <class Token>
   auto barrier(op_options o, Token&& token) const {
     std::exception_ptr bad;
-    return collective<void>("barrier", o, bad, std::forward<Token>(token),
+    return collective<void>(operation::barrier, o, bad, std::forward<Token>(token),
                             [](Backend& b, op_context c) { return b.barrier(std::move(c)); });
   }
 
   template <class Token>
   auto broadcast(tensor_view v, int root, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().tensor(v, "broadcast");
-      checks().rank_in_range(root, "broadcast", "root");
+      checks().tensor(v, operation::broadcast);
+      checks().rank_in_range(root, operation::broadcast, "root");
     });
     return collective<void>(
-        "broadcast", o, bad, std::forward<Token>(token),
+        operation::broadcast, o, bad, std::forward<Token>(token),
         [v, root](Backend& b, op_context c) { return b.broadcast(std::move(c), v, root); },
         brief(v, root));
   }
@@ -85,18 +84,18 @@ class comm_ops {
   auto reduce(const_tensor_view in, tensor_view out, int root, const Op& op, op_options o,
               Token&& token) const {
     auto bad = check([&] {
-      checks().rank_in_range(root, "reduce", "root");
-      checks().tensor(in, "reduce");
+      checks().rank_in_range(root, operation::reduce, "root");
+      checks().tensor(in, operation::reduce);
       if (rank() == root) {
-        checks().types(in, out, "reduce");
+        checks().types(in, out, operation::reduce);
         if (in.count != out.count)
-          invalid("reduce", "the root's output has " + std::to_string(out.count) +
-                                " elements, its input " + std::to_string(in.count));
-        checks().no_partial_overlap(in, out, "reduce", in.data == out.data);
+          invalid(operation::reduce, "the root's output has " + std::to_string(out.count) +
+                                         " elements, its input " + std::to_string(in.count));
+        checks().no_partial_overlap(in, out, operation::reduce, in.data == out.data);
       }
     });
     return with_reducer<E>(
-        "reduce", op, in.type, bad, o, std::forward<Token>(token),
+        operation::reduce, op, in.type, bad, o, std::forward<Token>(token),
         [in, out, root](Backend& b, op_context c, reducer r) {
           return b.reduce(std::move(c), in, out, r, root);
         },
@@ -107,14 +106,14 @@ class comm_ops {
   auto all_reduce(const_tensor_view in, tensor_view out, const Op& op, op_options o,
                   Token&& token) const {
     auto bad = check([&] {
-      checks().types(in, out, "all_reduce");
+      checks().types(in, out, operation::all_reduce);
       if (in.count != out.count)
-        invalid("all_reduce", "the output has " + std::to_string(out.count) +
-                                  " elements, the input " + std::to_string(in.count));
-      checks().no_partial_overlap(in, out, "all_reduce", in.data == out.data);
+        invalid(operation::all_reduce, "the output has " + std::to_string(out.count) +
+                                           " elements, the input " + std::to_string(in.count));
+      checks().no_partial_overlap(in, out, operation::all_reduce, in.data == out.data);
     });
     return with_reducer<E>(
-        "all_reduce", op, out.type, bad, o, std::forward<Token>(token),
+        operation::all_reduce, op, out.type, bad, o, std::forward<Token>(token),
         [in, out](Backend& b, op_context c, reducer r) {
           return b.all_reduce(std::move(c), in, out, r);
         },
@@ -124,16 +123,16 @@ class comm_ops {
   template <class Token>
   auto scatter(const_tensor_view i, tensor_view w, int root, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().rank_in_range(root, "scatter", "root");
-      checks().types(i, w, "scatter");
+      checks().rank_in_range(root, operation::scatter, "root");
+      checks().types(i, w, operation::scatter);
       if (rank() == root) {
-        checks().blocks(i, w.count, "scatter", "the root's input", "the output");
-        checks().no_partial_overlap(i, w, "scatter",
+        checks().blocks(i, w.count, operation::scatter, "the root's input", "the output");
+        checks().no_partial_overlap(i, w, operation::scatter,
                                     w.data == checks().own_block_start(i, w.count));
       }
     });
     return collective<void>(
-        "scatter", o, bad, std::forward<Token>(token),
+        operation::scatter, o, bad, std::forward<Token>(token),
         [i, w, root](Backend& b, op_context c) { return b.scatter(std::move(c), i, w, root); },
         brief(w, root));
   }
@@ -146,15 +145,16 @@ class comm_ops {
   template <class Token>
   auto gather(const_tensor_view i, tensor_view w, int root, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().rank_in_range(root, "gather", "root");
-      checks().types(i, w, "gather");
+      checks().rank_in_range(root, operation::gather, "root");
+      checks().types(i, w, operation::gather);
       if (rank() == root) {
-        checks().blocks(w, i.count, "gather", "the root's output", "the input");
-        checks().no_partial_overlap(i, w, "gather", i.data == checks().own_block_start(w, i.count));
+        checks().blocks(w, i.count, operation::gather, "the root's output", "the input");
+        checks().no_partial_overlap(i, w, operation::gather,
+                                    i.data == checks().own_block_start(w, i.count));
       }
     });
     return collective<void>(
-        "gather", o, bad, std::forward<Token>(token),
+        operation::gather, o, bad, std::forward<Token>(token),
         [i, w, root](Backend& b, op_context c) { return b.gather(std::move(c), i, w, root); },
         brief(i, root));
   }
@@ -167,13 +167,13 @@ class comm_ops {
   template <class Token>
   auto all_gather(const_tensor_view i, tensor_view w, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().types(i, w, "all_gather");
-      checks().blocks(w, i.count, "all_gather", "the output", "the input");
-      checks().no_partial_overlap(i, w, "all_gather",
+      checks().types(i, w, operation::all_gather);
+      checks().blocks(w, i.count, operation::all_gather, "the output", "the input");
+      checks().no_partial_overlap(i, w, operation::all_gather,
                                   i.data == checks().own_block_start(w, i.count));
     });
     return collective<void>(
-        "all_gather", o, bad, std::forward<Token>(token),
+        operation::all_gather, o, bad, std::forward<Token>(token),
         [i, w](Backend& b, op_context c) { return b.all_gather(std::move(c), i, w); }, brief(i));
   }
   template <class Token>
@@ -185,13 +185,13 @@ class comm_ops {
   auto reduce_scatter(const_tensor_view i, tensor_view w, const Op& op, op_options o,
                       Token&& token) const {
     auto bad = check([&] {
-      checks().types(i, w, "reduce_scatter");
-      checks().blocks(i, w.count, "reduce_scatter", "the input", "the output");
-      checks().no_partial_overlap(i, w, "reduce_scatter",
+      checks().types(i, w, operation::reduce_scatter);
+      checks().blocks(i, w.count, operation::reduce_scatter, "the input", "the output");
+      checks().no_partial_overlap(i, w, operation::reduce_scatter,
                                   w.data == checks().own_block_start(i, w.count));
     });
     return with_reducer<E>(
-        "reduce_scatter", op, w.type, bad, o, std::forward<Token>(token),
+        operation::reduce_scatter, op, w.type, bad, o, std::forward<Token>(token),
         [i, w](Backend& b, op_context c, reducer r) {
           return b.reduce_scatter(std::move(c), i, w, r);
         },
@@ -201,12 +201,12 @@ class comm_ops {
   template <class E, class Op, class Token>
   auto reduce_scatter_in_place(tensor_view all, const Op& op, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().tensor(all, "reduce_scatter");
-      checks().multiple_of_size(all, "reduce_scatter");
+      checks().tensor(all, operation::reduce_scatter);
+      checks().multiple_of_size(all, operation::reduce_scatter);
     });
     const_tensor_view in = all;
     return with_reducer<E>(
-        "reduce_scatter", op, all.type, bad, o, std::forward<Token>(token),
+        operation::reduce_scatter, op, all.type, bad, o, std::forward<Token>(token),
         [in, mine = checks().own_block(all)](Backend& b, op_context c, reducer r) {
           return b.reduce_scatter(std::move(c), in, mine, r);
         },
@@ -216,25 +216,26 @@ class comm_ops {
   template <class Token>
   auto all_to_all(const_tensor_view i, tensor_view w, op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().types(i, w, "all_to_all");
+      checks().types(i, w, operation::all_to_all);
       if (i.count != w.count || i.count % static_cast<std::size_t>(size()) != 0)
-        invalid("all_to_all",
+        invalid(operation::all_to_all,
                 "input and output must have the same size, a multiple of the group "
                 "size " +
                     std::to_string(size()) + "; got " + std::to_string(i.count) + " and " +
                     std::to_string(w.count) + " elements");
       if (partly_overlaps(i.data, i.bytes(), w.data, w.bytes()) || (i.data == w.data && i.count))
-        invalid("all_to_all", "input and output overlap; use the one-buffer (in-place) form");
+        invalid(operation::all_to_all,
+                "input and output overlap; use the one-buffer (in-place) form");
     });
     return collective<void>(
-        "all_to_all", o, bad, std::forward<Token>(token),
+        operation::all_to_all, o, bad, std::forward<Token>(token),
         [i, w](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, w); }, brief(i));
   }
   // Through a copy of the buffer: host memory is copied aside here; a
   // device backend gets in == out and keeps its own copy on the device.
   template <class Token>
   auto all_to_all_in_place(tensor_view v, op_options o, Token&& token) const {
-    auto bad = check([&] { checks().tensor(v, "all_to_all"); });
+    auto bad = check([&] { checks().tensor(v, operation::all_to_all); });
     std::shared_ptr<std::vector<std::byte>> copy;
     const_tensor_view i = v;
     if (!bad && v.device.type == device::kind::cpu) {
@@ -242,19 +243,19 @@ class comm_ops {
           static_cast<const std::byte*>(v.data), static_cast<const std::byte*>(v.data) + v.bytes());
       i.data = copy->data();
     }
-    if (!bad) bad = check([&] { checks().multiple_of_size(v, "all_to_all"); });
+    if (!bad) bad = check([&] { checks().multiple_of_size(v, operation::all_to_all); });
     return collective<void>(
-        "all_to_all", o, bad, std::forward<Token>(token),
+        operation::all_to_all, o, bad, std::forward<Token>(token),
         [i, v, copy](Backend& b, op_context c) { return b.all_to_all(std::move(c), i, v); },
         brief(i));
   }
 
   template <class E, class Token>
   auto all_gather_v(const_tensor_view i, std::vector<E>& out, op_options o, Token&& token) const {
-    auto bad = check([&] { checks().tensor(i, "all_gather_v"); });
+    auto bad = check([&] { checks().tensor(i, operation::all_gather_v); });
     output_allocator alloc = resizing(out);
     return collective<std::vector<std::size_t>>(
-        "all_gather_v", o, bad, std::forward<Token>(token),
+        operation::all_gather_v, o, bad, std::forward<Token>(token),
         [i, alloc](Backend& b, op_context c) { return b.all_gather_v(std::move(c), i, alloc); },
         brief(i));
   }
@@ -263,18 +264,19 @@ class comm_ops {
   auto all_to_all_v(const_tensor_view i, std::vector<std::size_t> send_counts, std::vector<E>& out,
                     op_options o, Token&& token) const {
     auto bad = check([&] {
-      checks().tensor(i, "all_to_all_v");
+      checks().tensor(i, operation::all_to_all_v);
       if (send_counts.size() != static_cast<std::size_t>(size()))
-        invalid("all_to_all_v", "send_counts has " + std::to_string(send_counts.size()) +
-                                    " entries; the group has " + std::to_string(size()) + " ranks");
+        invalid(operation::all_to_all_v, "send_counts has " + std::to_string(send_counts.size()) +
+                                             " entries; the group has " + std::to_string(size()) +
+                                             " ranks");
       auto total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
       if (total != i.count)
-        invalid("all_to_all_v", "send_counts add up to " + std::to_string(total) +
-                                    " elements; the input has " + std::to_string(i.count));
+        invalid(operation::all_to_all_v, "send_counts add up to " + std::to_string(total) +
+                                             " elements; the input has " + std::to_string(i.count));
     });
     output_allocator alloc = resizing(out);
     return collective<std::vector<std::size_t>>(
-        "all_to_all_v", o, bad, std::forward<Token>(token),
+        operation::all_to_all_v, o, bad, std::forward<Token>(token),
         [i, counts = std::move(send_counts), alloc](Backend& b, const op_context& c) {
           return b.all_to_all_v(c, i, counts, alloc);
         });
@@ -285,11 +287,11 @@ class comm_ops {
   // The size, then the payload: two backend broadcasts, two numbers.
   template <class T, class Token>
   auto broadcast_object(T& obj, int root, op_options o, Token&& token) const {
-    auto bad = check([&] { checks().rank_in_range(root, "broadcast_object", "root"); });
-    auto ctx = context("broadcast_object", o, bad);
+    auto bad = check([&] { checks().rank_in_range(root, operation::broadcast_object, "root"); });
+    auto ctx = context(operation::broadcast_object, o, bad);
     auto data_seq = bad ? 0 : take_sequence_number(*c_.group_);  // the payload's own call
     auto payload = rank() == root ? to_bytes(obj) : std::vector<std::uint8_t>{};
-    return launch<void>(c_.rt_, "broadcast_object", std::forward<Token>(token), bad, ctx,
+    return launch<void>(c_.rt_, std::forward<Token>(token), bad, ctx,
                         [&obj, root, data_seq, payload = std::move(payload)](
                             Backend& b, const op_context& c) mutable -> task<void> {
                           auto size = static_cast<std::int64_t>(payload.size());
@@ -300,7 +302,8 @@ class comm_ops {
                           data.seq = data_seq;
                           tensor_view payload_view = mutable_view(payload);
                           co_await b.broadcast(data, payload_view, root);
-                          obj = from_bytes<T>(payload.data(), payload.size(), "broadcast_object");
+                          obj = from_bytes<T>(payload.data(), payload.size(),
+                                              operation::broadcast_object);
                         });
   }
 
@@ -308,7 +311,7 @@ class comm_ops {
   auto all_gather_object(const T& obj, op_options o, Token&& token) const {
     std::exception_ptr bad;
     return collective<std::vector<T>>(
-        "all_gather_object", o, bad, std::forward<Token>(token),
+        operation::all_gather_object, o, bad, std::forward<Token>(token),
         [bytes = to_bytes(obj)](Backend& b, const op_context& c) -> task<std::vector<T>> {
           std::vector<std::uint8_t> all;
           const_tensor_view mine = view(bytes);
@@ -317,7 +320,7 @@ class comm_ops {
           std::vector<T> out;
           std::size_t at = 0;
           for (auto n : counts) {
-            out.push_back(from_bytes<T>(all.data() + at, n, "all_gather_object"));
+            out.push_back(from_bytes<T>(all.data() + at, n, operation::all_gather_object));
             at += n;
           }
           co_return out;
@@ -329,11 +332,11 @@ class comm_ops {
   std::optional<comm> new_group(std::vector<int> members) const {
     std::sort(members.begin(), members.end());
     for (std::size_t i = 0; i < members.size(); ++i) {
-      checks().rank_in_range(members[i], "new_group", "member");
+      checks().rank_in_range(members[i], operation::new_group, "member");
       if (i > 0 && members[i] == members[i - 1])
-        invalid("new_group", "rank " + std::to_string(members[i]) + " is listed twice");
+        invalid(operation::new_group, "rank " + std::to_string(members[i]) + " is listed twice");
     }
-    if (members.empty()) invalid("new_group", "a group needs at least one rank");
+    if (members.empty()) invalid(operation::new_group, "a group needs at least one rank");
     const auto id = new_group_id(c_.group_->id, next_child_index(*c_.group_), members);
     std::vector<int> global;
     for (int m : members) global.push_back(c_.global_rank(m));
@@ -352,11 +355,11 @@ class comm_ops {
   template <class Token>
   auto split(int color, int key, op_options o, Token&& token) const {
     std::exception_ptr bad;
-    auto ctx = context("split", o, bad);
+    auto ctx = context(operation::split, o, bad);
     const std::uint64_t index = bad ? 0 : next_child_index(*c_.group_);
     std::array<std::int64_t, 2> mine{color, key};
     return launch<std::optional<comm>>(
-        c_.rt_, "split", std::forward<Token>(token), bad, ctx,
+        c_.rt_, std::forward<Token>(token), bad, ctx,
         [self = c_, mine, index](Backend& b, const op_context& c) -> task<std::optional<comm>> {
           std::vector<std::int64_t> all(2 * static_cast<std::size_t>(self.size()));
           // Named, not temporaries in the co_await: g++ 12 destroys those twice.
@@ -400,17 +403,16 @@ class comm_ops {
 
   // A collective's context: its options checked (unless its input already
   // was refused: `bad`), then numbered if accepted (impl/call_identity.hpp).
-  op_context context(const char* operation, op_options o, std::exception_ptr& bad) const {
+  op_context context(operation id, op_options o, std::exception_ptr& bad) const {
     o = options(o);
-    if (!bad) bad = check([&] { check_options<Backend>(operation, o); });
-    return collective_context(c_.group_, o, bad != nullptr);
+    if (!bad) bad = check([&] { check_options<Backend>(id, o); });
+    return collective_context(c_.group_, id, o, bad != nullptr);
   }
   template <class R, class Token, class F>
-  auto collective(const char* operation, const op_options& o, std::exception_ptr bad, Token&& token,
-                  F f, const trace::op_brief& brief = {}) const {
-    auto ctx = context(operation, o, bad);
-    return launch<R>(c_.rt_, operation, std::forward<Token>(token), bad, std::move(ctx),
-                     std::move(f), brief);
+  auto collective(operation id, const op_options& o, std::exception_ptr bad, Token&& token, F f,
+                  const trace::op_brief& brief = {}) const {
+    auto ctx = context(id, o, bad);
+    return launch<R>(c_.rt_, std::forward<Token>(token), bad, std::move(ctx), std::move(f), brief);
   }
   static trace::op_brief brief(const const_tensor_view& v, int root = -1) {
     return {.collective = true, .type = v.type, .count = v.count, .peer = root};
@@ -420,7 +422,7 @@ class comm_ops {
   // type is known), then like any collective, with the reducer built in the
   // operation's own frame.
   template <class E, class Op, class Token, class F>
-  auto with_reducer(const char* operation, const Op& op, dtype type, std::exception_ptr bad,
+  auto with_reducer(operation id, const Op& op, dtype type, std::exception_ptr bad,
                     const op_options& o, Token&& token, F f,
                     const trace::op_brief& shape = {}) const {
     check_reduction_statically<E, Backend, Op>();
@@ -429,7 +431,7 @@ class comm_ops {
         if constexpr (std::is_void_v<E>) check_reduce_op(reduce_kind_of_v<Op>, type);
       });
     return collective<void>(
-        operation, o, bad, std::forward<Token>(token),
+        id, o, bad, std::forward<Token>(token),
         [op, type, f](Backend& b, op_context c) {
           return run_reduction<E>(b, std::move(c), op, type, f);
         },

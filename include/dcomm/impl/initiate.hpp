@@ -260,10 +260,12 @@ auto initiate_op(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* o
 
 // Starts f(backend, ctx) (a coroutine returning task<R>), or completes with
 // `bad`, through the token: a completion token, or dcomm::as_request.
-// `brief`: what the flight recorder keeps of the call besides its identity.
+// `brief`: what the flight recorder keeps of the call besides its identity
+// (ctx.operation, its name).
 template <class R, backend Backend, class Token, class F>
-auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, const char* operation, Token&& token,
-            std::exception_ptr bad, op_context ctx, F f, const trace::op_brief& brief = {}) {
+auto launch(const std::shared_ptr<comm_runtime<Backend>>& rt, Token&& token, std::exception_ptr bad,
+            op_context ctx, F f, const trace::op_brief& brief = {}) {
+  const char* operation = name(ctx.operation);
   if constexpr (std::is_same_v<std::decay_t<Token>, as_request_t>) {
     static_assert(std::is_void_v<R>, "dcomm::as_request: only for operations without a result");
     return start_request(rt, operation, bad, std::move(ctx), std::move(f), brief);

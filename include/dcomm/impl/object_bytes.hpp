@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dcomm/error.hpp"
+#include "dcomm/operation.hpp"
 
 namespace dcomm::detail {
 
@@ -28,11 +29,11 @@ std::vector<std::uint8_t> to_bytes(const T& v) {
 }
 
 template <class T>
-T from_bytes(const std::uint8_t* p, std::size_t n, const char* operation) {
+T from_bytes(const std::uint8_t* p, std::size_t n, operation op) {
   T v{};
   if constexpr (std::is_trivially_copyable_v<T>) {
     if (n != sizeof(T))
-      throw_error(errc::mismatch, {.operation = operation,
+      throw_error(errc::mismatch, {.operation = name(op),
                                    .expected = std::to_string(sizeof(T)) + " bytes",
                                    .seen = std::to_string(n) + " bytes",
                                    .detail = "ranks passed objects of different types"});
@@ -40,7 +41,7 @@ T from_bytes(const std::uint8_t* p, std::size_t n, const char* operation) {
   } else {
     using E = typename T::value_type;
     if (n % sizeof(E) != 0)
-      throw_error(errc::mismatch, {.operation = operation,
+      throw_error(errc::mismatch, {.operation = name(op),
                                    .seen = std::to_string(n) + " bytes",
                                    .detail = "not a whole number of elements of " +
                                              std::to_string(sizeof(E)) + " bytes"});

@@ -20,7 +20,7 @@
 namespace dcomm::shm {
 
 // One collective as a board tells it: group, sequence number + 1 (0: none),
-// the operation (opaque here: the transport's coll_op), and a time on the
+// the operation (opaque here: a dcomm::operation), and a time on the
 // host's steady clock (when it was made, or when it ended).
 struct board_call {
   std::uint64_t group = 0;

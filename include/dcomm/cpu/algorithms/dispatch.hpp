@@ -61,7 +61,7 @@ inline constexpr arena_all_reduce_sizes arena_all_reduce_thresholds{.one_pass_ma
 // (a slice's, for a CUDA tensor that goes slice by slice), all_gather its
 // whole output, reduce_scatter its whole input.
 struct algorithm_choice {
-  coll_op op;
+  operation op;
   algorithm small = algorithm::direct, large = algorithm::direct;
   // The option that holds the size up to which `small` runs (bytes);
   // none: one algorithm, whatever the size.
@@ -86,45 +86,45 @@ struct algorithm_choice {
 // arena up to 64 KiB only (its root reduces alone: above, the messages'
 // algorithms measured faster; docs/performance.md, "The thresholds").
 inline constexpr algorithm_choice algorithm_table[] = {
-    {.op = coll_op::barrier,
+    {.op = operation::barrier,
      .small = algorithm::automatic,
      .large = algorithm::automatic,
      .shared_memory = true,
      .hierarchical = true},
-    {.op = coll_op::broadcast,
+    {.op = operation::broadcast,
      .small = algorithm::binomial_tree,
      .large = algorithm::chain,
      .limit = &backend_options::small_broadcast,
      .shared_memory = true,
      .hierarchical = true},
-    {.op = coll_op::reduce,
+    {.op = operation::reduce,
      .small = algorithm::binomial_tree,
      .large = algorithm::chain,
      .limit = &backend_options::small_broadcast,
      .shared_memory = true,
      .arena_max = 64 * 1024},
-    {.op = coll_op::all_reduce,
+    {.op = operation::all_reduce,
      .small = algorithm::recursive_doubling,
      .large = algorithm::ring,
      .limit = &backend_options::small_all_reduce,
      .part_per_rank = true,
      .shared_memory = true,
      .hierarchical = true},
-    {.op = coll_op::scatter},
-    {.op = coll_op::gather},
-    {.op = coll_op::all_gather,
+    {.op = operation::scatter},
+    {.op = operation::gather},
+    {.op = operation::all_gather,
      .large = algorithm::ring,
      .limit = &backend_options::small_all_gather,
      .shared_memory = true},
-    {.op = coll_op::reduce_scatter,
+    {.op = operation::reduce_scatter,
      .large = algorithm::ring,
      .limit = &backend_options::small_reduce_scatter},
-    {.op = coll_op::all_to_all},
-    {.op = coll_op::all_gather_v},
-    {.op = coll_op::all_to_all_v},
+    {.op = operation::all_to_all},
+    {.op = operation::all_gather_v},
+    {.op = operation::all_to_all_v},
 };
 
-inline const algorithm_choice& algorithms_of(coll_op op) {
+inline const algorithm_choice& algorithms_of(operation op) {
   for (const auto& c : algorithm_table)
     if (c.op == op) return c;
   return algorithm_table[0];
@@ -135,36 +135,48 @@ inline std::size_t limit_of(const backend_options& o, const algorithm_choice& c)
   return c.limit ? o.*c.limit : no_limit;
 }
 
-// Empty if `a` may be asked of `operation` (a communicator operation's
-// name), else why not.
-inline std::string refuse_algorithm(std::string_view operation, algorithm a) {
+// Whether `op` has a row in the table (a collective the backend runs).
+inline bool has_algorithms(operation op) {
+  for (const auto& c : algorithm_table)
+    if (c.op == op) return true;
+  return false;
+}
+
+// Empty if `a` may be asked of `op`, else why not.
+inline std::string refuse_algorithm(operation op, algorithm a) {
   if (a == algorithm::automatic) return {};
-  for (const auto& c : algorithm_table) {
-    if (operation != name(c.op)) continue;
-    if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory) ||
-        (a == algorithm::hierarchical && c.hierarchical))
-      return {};
-    // Every algorithm it has, named as a call asks for it.
-    std::vector<std::string> has;
-    if (c.small != algorithm::automatic) has.emplace_back(dcomm::name(c.small));
-    if (c.large != c.small) has.emplace_back(dcomm::name(c.large));
-    if (c.shared_memory) has.emplace_back(dcomm::name(algorithm::shared_memory));
-    if (c.hierarchical) has.emplace_back(dcomm::name(algorithm::hierarchical));
-    std::string list;
-    for (std::size_t i = 0; i < has.size(); ++i)
-      list += (i == 0 ? "" : i + 1 == has.size() ? " and " : ", ") + has[i];
-    if (c.small == algorithm::automatic)
-      list = "one message algorithm: leave it automatic" + (list.empty() ? "" : "; or " + list);
-    return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-           std::string(operation) + " (it has " + list + ")";
-  }
-  return "algorithm " + std::string(dcomm::name(a)) + " is not available for " +
-         std::string(operation) + " (it has no algorithm to choose: leave it automatic)";
+  const std::string what =
+      "algorithm " + std::string(dcomm::name(a)) + " is not available for " + dcomm::name(op);
+  if (!has_algorithms(op)) return what + " (it has no algorithm to choose: leave it automatic)";
+  const algorithm_choice& c = algorithms_of(op);
+  if (a == c.small || a == c.large || (a == algorithm::shared_memory && c.shared_memory) ||
+      (a == algorithm::hierarchical && c.hierarchical))
+    return {};
+  // Every algorithm it has, named as a call asks for it.
+  std::vector<std::string> has;
+  if (c.small != algorithm::automatic) has.emplace_back(dcomm::name(c.small));
+  if (c.large != c.small) has.emplace_back(dcomm::name(c.large));
+  if (c.shared_memory) has.emplace_back(dcomm::name(algorithm::shared_memory));
+  if (c.hierarchical) has.emplace_back(dcomm::name(algorithm::hierarchical));
+  std::string list;
+  for (std::size_t i = 0; i < has.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == has.size() ? " and " : ", ") + has[i];
+  if (c.small == algorithm::automatic)
+    list = "one message algorithm: leave it automatic" + (list.empty() ? "" : "; or " + list);
+  return what + " (it has " + list + ")";
+}
+
+// The ops of the table, as DCOMM_ALGO names them: "barrier, broadcast, ...".
+inline std::string collective_names() {
+  std::string names;
+  for (const auto& c : algorithm_table)
+    names += (names.empty() ? "" : ", ") + std::string(dcomm::name(c.op));
+  return names;
 }
 
 // "all_reduce=ring,broadcast=chain" (the DCOMM_ALGO variable) as overrides.
-inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view spec) {
-  std::map<coll_op, algorithm> out;
+inline std::map<operation, algorithm> parse_algorithm_overrides(std::string_view spec) {
+  std::map<operation, algorithm> out;
   auto fail = [&](std::string why) {
     throw_error(errc::invalid_argument,
                 {.operation = "cpu_backend",
@@ -183,11 +195,11 @@ inline std::map<coll_op, algorithm> parse_algorithm_overrides(std::string_view s
     auto op_name = item.substr(0, eq);
     auto a = parse_algorithm(item.substr(eq + 1));
     if (!a) fail("unknown algorithm '" + std::string(item.substr(eq + 1)) + "'");
-    std::optional<coll_op> op;
-    for (int i = 1; i <= static_cast<int>(coll_op::all_to_all); ++i)
-      if (op_name == name(static_cast<coll_op>(i))) op = static_cast<coll_op>(i);
-    if (!op) fail("unknown operation '" + std::string(op_name) + "'");
-    if (auto why = refuse_algorithm(op_name, *a); !why.empty()) fail(why);
+    const std::optional<operation> op = parse_operation(op_name);
+    if (!op || !has_algorithms(*op))
+      fail("unknown operation '" + std::string(op_name) +
+           "' (one of the collectives: " + collective_names() + ")");
+    if (auto why = refuse_algorithm(*op, *a); !why.empty()) fail(why);
     out[*op] = *a;
   }
   return out;
@@ -206,7 +218,7 @@ struct call_size {
 // says why; the front end refuses such a call before it starts, by the
 // operation's name). `across_hosts`: the group spans hosts with several of
 // its ranks on some.
-inline std::optional<algorithm> choose(coll_op op, algorithm asked, call_size size, int world,
+inline std::optional<algorithm> choose(operation op, algorithm asked, call_size size, int world,
                                        const backend_options& o, bool across_hosts = false) {
   const auto& c = algorithms_of(op);
   const bool hierarchical = c.hierarchical && asked == algorithm::hierarchical;
@@ -225,16 +237,16 @@ inline std::optional<algorithm> choose(coll_op op, algorithm asked, call_size si
 // elements than ranks: recursive_doubling); shared_memory in a host's
 // arena; hierarchical across hosts | ...".
 inline std::string describe_algorithms(const backend_options& o,
-                                       const std::map<coll_op, algorithm>& overrides) {
+                                       const std::map<operation, algorithm>& overrides) {
   std::string line;
   for (const algorithm_choice& row : algorithm_table) {
     if (!line.empty()) line += " | ";
-    line += std::string(name(row.op)) + " ";
+    line += std::string(dcomm::name(row.op)) + " ";
     if (auto forced = overrides.find(row.op); forced != overrides.end()) {
       line += std::string(dcomm::name(forced->second)) + " (DCOMM_ALGO)";
       continue;
     }
-    const std::string small = row.small == algorithm::automatic && row.op == coll_op::barrier
+    const std::string small = row.small == algorithm::automatic && row.op == operation::barrier
                                   ? "dissemination"
                                   : std::string(dcomm::name(row.small));
     if (!row.limit || row.large == row.small) {
@@ -248,7 +260,7 @@ inline std::string describe_algorithms(const backend_options& o,
       line += "; shared_memory in a host's arena" +
               (row.arena_max == no_limit ? std::string()
                                          : " up to " + std::to_string(row.arena_max) + " B");
-    if (row.op == coll_op::all_reduce) {
+    if (row.op == operation::all_reduce) {
       const auto& t = arena_all_reduce_thresholds;
       line += " (one pass up to " + std::to_string(t.one_pass_max) + " B, one copy " +
               std::to_string(t.direct_min) + "-" + std::to_string(t.direct_max) +
@@ -275,7 +287,7 @@ class dispatcher {
   // The algorithm a call asks for: its own (op_options::algorithm), else
   // DCOMM_ALGO's for the op, else automatic. The call's signature carries
   // it, so ranks that ask for different ones fail with errc::mismatch.
-  algorithm requested(coll_op op, algorithm asked) const {
+  algorithm requested(operation op, algorithm asked) const {
     if (asked != algorithm::automatic) return asked;
     auto o = overrides_.find(op);
     return o == overrides_.end() ? algorithm::automatic : o->second;
@@ -289,8 +301,8 @@ class dispatcher {
   // asked only where the answer matters). Asked for where the group has
   // none, it is refused on every rank alike.
   template <class Serves>
-  bool in_arena(coll_op op, algorithm asked, std::size_t bytes, Serves serves,
-                const char* operation, int rank) const {
+  bool in_arena(operation op, algorithm asked, std::size_t bytes, Serves serves, const char* called,
+                int rank) const {
     const algorithm_choice& row = algorithms_of(op);
     if (!row.shared_memory) return false;
     const algorithm a = requested(op, asked);
@@ -298,7 +310,7 @@ class dispatcher {
     if (a != algorithm::shared_memory) return false;
     if (serves()) return true;
     throw_error(errc::invalid_argument,
-                {.operation = operation,
+                {.operation = called,
                  .rank = rank,
                  .detail = "algorithm shared_memory needs a group whose ranks all share this "
                            "host (links not set to tcp) and an arena for it: the world's, or "
@@ -311,14 +323,14 @@ class dispatcher {
   // for, else the table's by `size`), said to the call's report. One the op
   // does not have fails the call; the front end refused it before, by the
   // operation's name.
-  algorithm choose(call& c, coll_op op, call_size size = {}) const {
+  algorithm choose(call& c, operation op, call_size size = {}) const {
     const algorithm asked = c.signature().algo;
     const bool across_hosts = algorithms_of(op).hierarchical && c.hosts().spans();
     if (auto a = cpu::choose(op, asked, size, c.size(), o_, across_hosts)) {
       c.ran(*a);
       return *a;
     }
-    c.invalid(refuse_algorithm(name(op), asked));
+    c.invalid(refuse_algorithm(op, asked));
   }
 
   std::string describe() const { return describe_algorithms(o_, overrides_); }
@@ -326,12 +338,12 @@ class dispatcher {
   // --- Collectives by messages, on whole buffers or one slice of a staged
   // CUDA tensor ---
   detail::task<void> barrier(call& c) const {
-    if (choose(c, coll_op::barrier) == algorithm::hierarchical)
+    if (choose(c, operation::barrier) == algorithm::hierarchical)
       return hierarchical_barrier(c, c.hosts());
     return dissemination_barrier(c);
   }
   detail::task<void> broadcast(call& c, void* data, std::size_t bytes, int root) const {
-    switch (choose(c, coll_op::broadcast, {.bytes = bytes})) {
+    switch (choose(c, operation::broadcast, {.bytes = bytes})) {
       case algorithm::hierarchical:
         return hierarchical_broadcast(c, c.hosts(), data, bytes, root, *this);
       case algorithm::binomial_tree:
@@ -343,7 +355,7 @@ class dispatcher {
   detail::task<void> reduce(call& c, const void* in, void* out, std::size_t count, dtype type,
                             const reducer& op, int root) const {
     const std::size_t es = size_of(type);
-    if (choose(c, coll_op::reduce, {.bytes = count * es, .count = count}) ==
+    if (choose(c, operation::reduce, {.bytes = count * es, .count = count}) ==
         algorithm::binomial_tree)
       return binomial_reduce(c, in, out, count, es, op, root);
     return chain_reduce(c, in, out, count, es, op, root, o_.chunk_bytes);
@@ -351,7 +363,7 @@ class dispatcher {
   detail::task<void> all_reduce(call& c, const void* in, void* out, std::size_t count, dtype type,
                                 const reducer& op) const {
     const std::size_t es = size_of(type);
-    switch (choose(c, coll_op::all_reduce, {.bytes = count * es, .count = count})) {
+    switch (choose(c, operation::all_reduce, {.bytes = count * es, .count = count})) {
       case algorithm::hierarchical:
         return hierarchical_all_reduce(c, c.hosts(), in, out, count, es, op, *this);
       case algorithm::recursive_doubling:
@@ -363,11 +375,11 @@ class dispatcher {
   }
   detail::task<void> scatter(call& c, const void* in, void* out, std::size_t bytes,
                              int root) const {
-    choose(c, coll_op::scatter);
+    choose(c, operation::scatter);
     return direct_scatter(c, in, out, bytes, root);
   }
   detail::task<void> gather(call& c, const void* in, void* out, std::size_t bytes, int root) const {
-    choose(c, coll_op::gather);
+    choose(c, operation::gather);
     return direct_gather(c, in, out, bytes, root);
   }
   // `count` elements of this rank's block; the size chosen by is the whole
@@ -376,7 +388,7 @@ class dispatcher {
                                 dtype type) const {
     const std::size_t es = size_of(type);
     const std::size_t whole = count * es * static_cast<std::size_t>(c.size());
-    if (choose(c, coll_op::all_gather, {.bytes = whole}) == algorithm::direct)
+    if (choose(c, operation::all_gather, {.bytes = whole}) == algorithm::direct)
       return direct_all_gather(c, in, out, count, es);
     return ring_all_gather(c, in, out, count, es, o_.chunk_bytes);
   }
@@ -386,23 +398,23 @@ class dispatcher {
                                     dtype type, const reducer& op) const {
     const std::size_t es = size_of(type);
     const std::size_t whole = count * es * static_cast<std::size_t>(c.size());
-    if (choose(c, coll_op::reduce_scatter, {.bytes = whole}) == algorithm::direct)
+    if (choose(c, operation::reduce_scatter, {.bytes = whole}) == algorithm::direct)
       return direct_reduce_scatter(c, in, out, count, es, op);
     return ring_reduce_scatter(c, in, out, count, es, op, o_.chunk_bytes);
   }
   detail::task<void> all_to_all(call& c, const void* in, void* out, std::size_t block) const {
-    choose(c, coll_op::all_to_all);
+    choose(c, operation::all_to_all);
     return direct_all_to_all(c, in, out, block);
   }
   detail::task<std::vector<std::size_t>> all_gather_v(call& c, const const_tensor_view& in,
                                                       const output_allocator& alloc) const {
-    choose(c, coll_op::all_gather_v);
+    choose(c, operation::all_gather_v);
     return direct_all_gather_v(c, in, alloc);
   }
   detail::task<std::vector<std::size_t>> all_to_all_v(call& c, const const_tensor_view& in,
                                                       const std::vector<std::size_t>& send_counts,
                                                       const output_allocator& alloc) const {
-    choose(c, coll_op::all_to_all_v);
+    choose(c, operation::all_to_all_v);
     return direct_all_to_all_v(c, in, send_counts, alloc);
   }
 
@@ -436,7 +448,7 @@ class dispatcher {
   // --- What a hierarchical call's phases run (cpu/algorithms/hierarchical.hpp's
   // Flat): the flat algorithms among the view's ranks, as a flat call of
   // that size would choose them ---
-  bool large(coll_op op, std::size_t bytes, std::size_t count, int ranks) const {
+  bool large(operation op, std::size_t bytes, std::size_t count, int ranks) const {
     const algorithm_choice& row = algorithms_of(op);
     return cpu::choose(op, algorithm::automatic, {.bytes = bytes, .count = count}, ranks, o_) ==
                row.large &&
@@ -447,7 +459,7 @@ class dispatcher {
                                                        std::size_t es,
                                                        const reducer& partial) const {
     if (c.size() <= 1) co_return;
-    if (large(coll_op::all_reduce, count * es, count, c.size()))
+    if (large(operation::all_reduce, count * es, count, c.size()))
       co_await ring_all_reduce(c, nullptr, buf, count, es, partial, o_.chunk_bytes);
     else
       co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
@@ -459,7 +471,7 @@ class dispatcher {
       if (in != out && count) std::memcpy(out, in, count * es);
       co_return;
     }
-    if (large(coll_op::reduce, count * es, count, c.size()))
+    if (large(operation::reduce, count * es, count, c.size()))
       co_await chain_reduce(c, in, out, count, es, partial, root, o_.chunk_bytes);
     else
       co_await binomial_reduce(c, in, out, count, es, partial, root);
@@ -467,7 +479,7 @@ class dispatcher {
   DCOMM_EMIT_ON_USE detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes,
                                                       int root) const {
     if (c.size() <= 1) co_return;
-    if (large(coll_op::broadcast, bytes, bytes, c.size()))
+    if (large(operation::broadcast, bytes, bytes, c.size()))
       co_await chain_broadcast(c, buf, bytes, root, o_.chunk_bytes);
     else
       co_await binomial_broadcast(c, buf, bytes, root);
@@ -475,7 +487,7 @@ class dispatcher {
 
  private:
   backend_options o_;
-  std::map<coll_op, algorithm> overrides_;  // DCOMM_ALGO's
+  std::map<operation, algorithm> overrides_;  // DCOMM_ALGO's
 };
 
 }  // namespace dcomm::cpu

@@ -44,7 +44,7 @@ namespace dcomm::cpu {
 // (cpu/algorithms/dispatch.hpp: dispatcher), as a flat call of the phase's
 // size among the view's ranks would run them, with the same thresholds.
 // `Flat` is that dispatch:
-//   bool large(coll_op op, std::size_t bytes, std::size_t count, int ranks):
+//   bool large(operation op, std::size_t bytes, std::size_t count, int ranks):
 //     a flat call of `op` would run its large algorithm;
 //   flat_all_reduce(call&, void* buf, count, es, const reducer&): in place;
 //   flat_reduce(call&, const void* in, void* out, count, es, const reducer&, int root);
@@ -87,7 +87,7 @@ detail::task<void> hierarchical_all_reduce(call& c, const host_layout& h, const 
   const reducer partial = combining_only(op);
   const std::size_t bytes = count * es;
   const int local = static_cast<int>(h.local.size());
-  if (h.uniform && local > 1 && flat.large(coll_op::all_reduce, bytes, count, local)) {
+  if (h.uniform && local > 1 && flat.large(operation::all_reduce, bytes, count, local)) {
     ring_shape shape({.count = count, .blocks = local}, es, flat.chunk_bytes());
     const extent mine = shape.layout.block(h.local_rank);
     {
@@ -162,7 +162,7 @@ inline std::pair<int, int> host_chain_neighbours(const host_layout& h, int root,
 template <class Flat>
 detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* buf,
                                           std::size_t bytes, int root, const Flat& flat) {
-  if (flat.large(coll_op::broadcast, bytes, bytes, c.size())) {
+  if (flat.large(operation::broadcast, bytes, bytes, c.size())) {
     const auto [prev, next] = host_chain_neighbours(h, root, c.rank());
     co_await chain_relay(c, buf, bytes, prev, next, flat.chunk_bytes());
     co_return;

@@ -215,10 +215,10 @@ inline void mpi_backend::close(std::function<void()> closed) {
   });
 }
 
-inline void mpi_backend::check_algorithm(std::string_view operation, algorithm a) {
+inline void mpi_backend::check_algorithm(operation op, algorithm a) {
   if (a != algorithm::automatic)
     throw_error(errc::invalid_argument,
-                {.operation = std::string(operation),
+                {.operation = dcomm::name(op),
                  .expected = "algorithm::automatic",
                  .seen = std::string(dcomm::name(a)),
                  .detail = "the MPI backend picks its algorithms itself: MPI's (tune them "
@@ -257,12 +257,16 @@ inline std::string mpi_backend::group_name(const op_context& ctx) const {
   return ctx.group ? ctx.group->name : "the world group";
 }
 
-inline const mpi::group_comms& mpi_backend::comms_of(const op_context& ctx,
-                                                     const char* operation) const {
+inline std::string mpi_backend::call_name(const op_context& ctx) const {
+  return std::string(dcomm::name(ctx.operation)) + " #" + std::to_string(ctx.seq) + " of " +
+         group_name(ctx);
+}
+
+inline const mpi::group_comms& mpi_backend::comms_of(const op_context& ctx) const {
   auto it = comms_.find(ctx.group ? ctx.group->id : 0);
   if (it == comms_.end() || it->second.own == MPI_COMM_NULL)
     throw_error(errc::invalid_argument,
-                {.operation = operation,
+                {.operation = dcomm::name(ctx.operation),
                  .rank = rank_,
                  .detail = group_name(ctx) + " has no MPI communicator (its MPI_Comm_split "
                                              "or MPI_Comm_dup failed, or the communicator "
@@ -270,23 +274,21 @@ inline const mpi::group_comms& mpi_backend::comms_of(const op_context& ctx,
   return it->second;
 }
 
-inline void mpi_backend::check_alive(const op_context& ctx, const char* operation) const {
+inline void mpi_backend::check_alive(const op_context& ctx) const {
   if (failure_) std::rethrow_exception(failure_);
   if (aborted_)
     throw_error(errc::aborted,
-                {.operation = operation,
+                {.operation = dcomm::name(ctx.operation),
                  .rank = rank_,
                  .detail = "abort() was called on this rank (" + group_name(ctx) + ")"});
 }
 
-inline void mpi_backend::fail(int code, const op_context& ctx, const char* operation,
-                              std::string peers) const {
+inline void mpi_backend::fail(int code, const op_context& ctx, std::string peers) const {
   int cls = code;
   MPI_Error_class(code, &cls);
   const bool truncated = cls == MPI_ERR_TRUNCATE;
   throw_error(truncated ? errc::mismatch : errc::device_error,
-              {.operation = std::string(operation) + " #" + std::to_string(ctx.seq) + " of " +
-                            group_name(ctx),
+              {.operation = call_name(ctx),
                .rank = rank_,
                .peers = std::move(peers),
                .detail = truncated ? "the message that arrived is larger than the receive "
@@ -296,16 +298,15 @@ inline void mpi_backend::fail(int code, const op_context& ctx, const char* opera
 }
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::wait(
-    MPI_Request* requests, int n, const op_context& ctx, const char* operation,
-    MPI_Status* statuses, std::string peers) {
+    MPI_Request* requests, int n, const op_context& ctx, MPI_Status* statuses, std::string peers) {
   auto test = [&] {
     int done = 0;
     const int rc = MPI_Testall(n, requests, &done, statuses ? statuses : MPI_STATUSES_IGNORE);
     if (rc == MPI_ERR_IN_STATUS && statuses)
       for (int i = 0; i < n; ++i)
         if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING)
-          fail(statuses[i].MPI_ERROR, ctx, operation, peers);
-    if (rc != MPI_SUCCESS) fail(rc, ctx, operation, peers);
+          fail(statuses[i].MPI_ERROR, ctx, peers);
+    if (rc != MPI_SUCCESS) fail(rc, ctx, peers);
     return done != 0;
   };
   const auto start = detail::clock::now();
@@ -329,13 +330,12 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::wait(
     nap = std::min(nap * 2, o_.poll_interval);
   }
   // A receive's request is cancelled; anything else MPI keeps.
-  const bool receives_only = std::string_view(operation) == "recv";
-  timed_out(requests, n, receives_only, ctx, operation, peers);
+  const bool receives_only = ctx.operation == operation::recv || ctx.operation == operation::irecv;
+  timed_out(requests, n, receives_only, ctx, peers);
 }
 
 inline void mpi_backend::timed_out(MPI_Request* requests, int n, bool receives_only,
-                                   const op_context& ctx, const char* operation,
-                                   const std::string& peers) {
+                                   const op_context& ctx, const std::string& peers) {
   bool cancelled = receives_only;
   if (receives_only) {
     for (int i = 0; i < n; ++i) MPI_Cancel(&requests[i]);
@@ -348,8 +348,7 @@ inline void mpi_backend::timed_out(MPI_Request* requests, int n, bool receives_o
       if (tries == 999) cancelled = false;
     }
   }
-  const std::string what =
-      std::string(operation) + " #" + std::to_string(ctx.seq) + " of " + group_name(ctx);
+  const std::string what = call_name(ctx);
   if (!cancelled) {
     // MPI holds the call's buffers and cannot give them back: nothing else
     // may run on this backend, and exit must not wait for MPI_Finalize.
@@ -375,18 +374,15 @@ inline void mpi_backend::timed_out(MPI_Request* requests, int n, bool receives_o
 }
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::check_signature(
-    const op_context& ctx, const char* operation, std::uint64_t signature) {
+    const op_context& ctx, std::uint64_t signature) {
   if (!o_.check_calls) co_return;
   std::uint64_t words[2] = {signature, ~signature};
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, words, 2, MPI_UINT64_T, MPI_MAX, comm_of(ctx, operation),
-                       &request),
-        ctx, operation);
-  co_await wait(&request, 1, ctx, operation);
+  check(MPI_Iallreduce(MPI_IN_PLACE, words, 2, MPI_UINT64_T, MPI_MAX, comm_of(ctx), &request), ctx);
+  co_await wait(&request, 1, ctx);
   if (words[0] != signature || words[1] != ~signature)
     throw_error(errc::mismatch,
-                {.operation = std::string(operation) + " #" + std::to_string(ctx.seq) + " of " +
-                              group_name(ctx),
+                {.operation = call_name(ctx),
                  .rank = rank_,
                  .detail = "the group's ranks made different collective calls (operation, "
                            "dtype, count, root or reduce op differ; DCOMM_MPI_CHECK_CALLS)"});

@@ -64,11 +64,11 @@ class mpi_backend::scratch_lease {
 // exchange's state (landing, poison, mismatch, the two requests) through
 // the lambdas at its top; split, each part would take all of it.
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r, const char* operation) {
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   const int n = ctx.group->size(), me = ctx.group->rank;
   const std::size_t bytes = out.bytes();
   if (in.data != out.data && bytes) std::memcpy(out.data, in.data, bytes);
-  const MPI_Comm comm = comms_of(ctx, operation).own;
+  const MPI_Comm comm = comms_of(ctx).own;
   const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
   // Every message is received into `landing`, room for any call of this
   // path and one byte more: a message of that size says its sender saw
@@ -88,13 +88,12 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all
   auto post = [&](int partner, bool send, bool receive) {
     requests[0] = requests[1] = MPI_REQUEST_NULL;
     if (receive)
-      check(MPI_Irecv(landing, capacity, MPI_BYTE, partner, tag, comm, &requests[0]), ctx,
-            operation);
+      check(MPI_Irecv(landing, capacity, MPI_BYTE, partner, tag, comm, &requests[0]), ctx);
     if (send)
       check(mismatch.empty()
                 ? MPI_Isend(out.data, count, MPI_BYTE, partner, tag, comm, &requests[1])
                 : MPI_Isend(poison, capacity, MPI_BYTE, partner, tag, comm, &requests[1]),
-            ctx, operation);
+            ctx);
   };
   // Whether what arrived is a value to use.
   auto arrived_well = [&](int partner) {
@@ -122,30 +121,29 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all
   if (me >= pow2) {  // folds into me - pow2, which sends the result back
     const int partner = me - pow2;
     post(partner, true, false);
-    co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
+    co_await wait(requests, 2, ctx, statuses, peer(partner));
     post(partner, false, true);
-    co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
+    co_await wait(requests, 2, ctx, statuses, peer(partner));
     if (arrived_well(partner) && bytes) std::memcpy(out.data, landing, bytes);
   } else {
     if (me < extra) {
       post(me + pow2, false, true);
-      co_await wait(requests, 2, ctx, operation, statuses, peer(me + pow2));
+      co_await wait(requests, 2, ctx, statuses, peer(me + pow2));
       if (arrived_well(me + pow2)) combine_with(me + pow2);
     }
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = me ^ mask;
       post(partner, true, true);
-      co_await wait(requests, 2, ctx, operation, statuses, peer(partner));
+      co_await wait(requests, 2, ctx, statuses, peer(partner));
       if (arrived_well(partner)) combine_with(partner);
     }
     if (me < extra) {
       post(me + pow2, true, false);
-      co_await wait(requests, 2, ctx, operation, statuses, peer(me + pow2));
+      co_await wait(requests, 2, ctx, statuses, peer(me + pow2));
     }
   }
   if (!mismatch.empty())
-    throw_error(errc::mismatch, {.operation = std::string(operation) + " #" +
-                                              std::to_string(ctx.seq) + " of " + group_name(ctx),
+    throw_error(errc::mismatch, {.operation = call_name(ctx),
                                  .rank = rank_,
                                  .detail = "the ranks' calls differ in size: " + mismatch});
   r.finish(out.data, out.count, n);
@@ -161,7 +159,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
   auto* data = static_cast<std::byte*>(out.data);
   const auto* mine = static_cast<const std::byte*>(in.data);
   if (n == 1 && mine != data) std::memcpy(data, mine, count * es);  // no pass at all
-  const MPI_Comm comm = comms_of(ctx, "all_reduce").own;
+  const MPI_Comm comm = comms_of(ctx).own;
   const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
   const int right = (me + 1) % n, left = (me + n - 1) % n;
   auto at = [n](int b) { return (b % n + n) % n; };
@@ -175,13 +173,14 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
   auto post = [&](const void* send, std::size_t send_n, void* receive, std::size_t receive_n) {
     requests[0] = requests[1] = MPI_REQUEST_NULL;
     if (receive_n)
-      check(MPI_Irecv(receive, mpi::count_of(receive_n * es, "all_reduce", "byte count"), MPI_BYTE,
-                      left, tag, comm, &requests[0]),
-            ctx, "all_reduce");
+      check(MPI_Irecv(receive,
+                      mpi::count_of(receive_n * es, dcomm::name(ctx.operation), "byte count"),
+                      MPI_BYTE, left, tag, comm, &requests[0]),
+            ctx);
     if (send_n)
-      check(MPI_Isend(send, mpi::count_of(send_n * es, "all_reduce", "byte count"), MPI_BYTE, right,
-                      tag, comm, &requests[1]),
-            ctx, "all_reduce");
+      check(MPI_Isend(send, mpi::count_of(send_n * es, dcomm::name(ctx.operation), "byte count"),
+                      MPI_BYTE, right, tag, comm, &requests[1]),
+            ctx);
   };
   // Reduce-scatter: at step s this rank sends block me - s (its values
   // combined with those it received so far) and combines block
@@ -193,7 +192,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
       const std::size_t sn = done < send_n ? std::min(segment, send_n - done) : 0;
       const std::size_t rn = done < recv_n ? std::min(segment, recv_n - done) : 0;
       post((s == 0 ? mine : data) + (send_at + done) * es, sn, landing.data(), rn);
-      co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+      co_await wait(requests, 2, ctx, nullptr, peers);
       std::byte* to = data + (recv_at + done) * es;
       if (mine == data)
         r.combine(to, landing.data(), rn);
@@ -214,7 +213,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
       const std::size_t sn = done < send_n ? std::min(whole, send_n - done) : 0;
       const std::size_t rn = done < recv_n ? std::min(whole, recv_n - done) : 0;
       post(data + (send_at + done) * es, sn, data + (recv_at + done) * es, rn);
-      co_await wait(requests, 2, ctx, "all_reduce", nullptr, peers);
+      co_await wait(requests, 2, ctx, nullptr, peers);
     }
   }
 }

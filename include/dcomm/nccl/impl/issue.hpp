@@ -22,8 +22,8 @@
 namespace dcomm {
 
 template <class Enqueue>
-detail::task<void> nccl_backend::run(const op_context& ctx, const char* operation,
-                                     std::size_t bytes, Enqueue enqueue) {
+detail::task<void> nccl_backend::run(const op_context& ctx, std::size_t bytes, Enqueue enqueue) {
+  const char* operation = dcomm::name(ctx.operation);
   check_alive();
   group& g = find_group(ctx, operation);
   const std::uint64_t ticket = g.next_ticket++;

@@ -19,10 +19,10 @@
 
 namespace dcomm {
 
-inline void nccl_backend::check_algorithm(std::string_view operation, algorithm a) {
+inline void nccl_backend::check_algorithm(operation op, algorithm a) {
   if (a != algorithm::automatic)
     throw_error(errc::invalid_argument,
-                {.operation = std::string(operation),
+                {.operation = dcomm::name(op),
                  .detail = "algorithm " + std::string(dcomm::name(a)) +
                            " is not available on the nccl backend: NCCL chooses its own "
                            "(set NCCL_ALGO to steer it); leave it automatic"});
@@ -52,8 +52,8 @@ inline void nccl_backend::check_tensor(const const_tensor_view& v, const char* o
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::send(op_context ctx,
                                                                           const_tensor_view in,
                                                                           int peer) {
-  check_tag(ctx, "send");
-  co_await run(ctx, "send", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  check_tag(ctx);
+  co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     return ncclSend(st.in(in), in.count, nccl::data_type(in.type), peer, g.comm, s);
   });
@@ -62,15 +62,15 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::send(op_con
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::recv(op_context ctx,
                                                                           tensor_view out,
                                                                           int peer) {
-  check_tag(ctx, "recv");
-  co_await run(ctx, "recv", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  check_tag(ctx);
+  co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
     return ncclRecv(st.out(out), out.count, nccl::data_type(out.type), peer, g.comm, s);
   });
 }
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::barrier(op_context ctx) {
-  co_await run(ctx, "barrier", sizeof(float), [&](group& g, cudaStream_t s, nccl::staging&) {
+  co_await run(ctx, sizeof(float), [&](group& g, cudaStream_t s, nccl::staging&) {
     return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
   });
 }
@@ -78,7 +78,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::barrier(op_
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::broadcast(op_context ctx,
                                                                                tensor_view buf,
                                                                                int root) {
-  co_await run(ctx, "broadcast", buf.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, buf.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (buf.count == 0) return ncclSuccess;
     void* d = st.out(buf, g.rank == root);
     return ncclBroadcast(d, d, buf.count, nccl::data_type(buf.type), root, g.comm, s);
@@ -89,7 +89,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce(op_c
                                                                             const_tensor_view in,
                                                                             tensor_view out,
                                                                             reducer r, int root) {
-  co_await run(ctx, "reduce", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const void* src = st.in(in);
     void* dst = g.rank == root ? st.out(out) : const_cast<void*>(src);
@@ -100,7 +100,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce(op_c
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_reduce(
     op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
-  co_await run(ctx, "all_reduce", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const bool in_place = in.data == out.data;
     void* dst = st.out(out, in_place);
@@ -112,7 +112,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_reduce(
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_gather(
     op_context ctx, const_tensor_view in, tensor_view out) {
-  co_await run(ctx, "all_gather", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     return ncclAllGather(st.in(in), st.out(out), in.count, nccl::data_type(in.type), g.comm, s);
   });
@@ -120,7 +120,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_gather(
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce_scatter(
     op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
-  co_await run(ctx, "reduce_scatter", in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
     return ncclReduceScatter(st.in(in), st.out(out), out.count, nccl::data_type(out.type),
                              st.reduce_op(r, g.comm), g.comm, s);
@@ -131,7 +131,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::scatter(op_
                                                                              const_tensor_view in,
                                                                              tensor_view out,
                                                                              int root) {
-  co_await run(ctx, "scatter", std::max(in.bytes(), out.bytes()),
+  co_await run(ctx, std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = out.bytes();
                  void* dst = st.out(out);
@@ -150,7 +150,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::gather(op_c
                                                                             const_tensor_view in,
                                                                             tensor_view out,
                                                                             int root) {
-  co_await run(ctx, "gather", std::max(in.bytes(), out.bytes()),
+  co_await run(ctx, std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = in.bytes();
                  const void* src = st.in(in);
@@ -167,7 +167,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::gather(op_c
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_to_all(
     op_context ctx, const_tensor_view in, tensor_view out) {
-  co_await run(ctx, "all_to_all", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     const std::size_t block = out.bytes() / unsigned(g.size);
     char* dst = static_cast<char*>(st.out(out, in.data == out.data));
     const char* src = static_cast<const char*>(st.in(in));
@@ -189,14 +189,14 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_to_all(
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
 nccl_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator alloc) {
-  no_stream(ctx, "all_gather_v");
+  no_stream(ctx);
   std::int64_t mine = static_cast<std::int64_t>(in.count);
   std::vector<std::int64_t> all(static_cast<std::size_t>(ctx.group->size()));
   co_await all_gather(ctx, view(std::span<const std::int64_t>(&mine, 1)), mutable_view(all));
   std::vector<std::size_t> counts(all.begin(), all.end());
   tensor_view out = alloc(counts);
   const std::size_t element = size_of(in.type);
-  co_await run(ctx, "all_gather_v", out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
+  co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     const void* src = st.in(in);
     char* dst = static_cast<char*>(st.out(out));
     std::vector<transfer> sends, recvs;
@@ -219,54 +219,53 @@ nccl_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocato
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
 nccl_backend::all_to_all_v(op_context ctx, const_tensor_view in,
                            std::vector<std::size_t> send_counts, output_allocator alloc) {
-  no_stream(ctx, "all_to_all_v");
+  no_stream(ctx);
   std::vector<std::int64_t> sending(send_counts.begin(), send_counts.end());
   std::vector<std::int64_t> coming(sending.size());
   co_await all_to_all(ctx, view(sending), mutable_view(coming));
   std::vector<std::size_t> counts(coming.begin(), coming.end());
   tensor_view out = alloc(counts);
   const std::size_t element = size_of(in.type);
-  co_await run(ctx, "all_to_all_v", std::max(in.bytes(), out.bytes()),
-               [&](group& g, cudaStream_t s, nccl::staging& st) {
-                 const char* src = static_cast<const char*>(st.in(in));
-                 char* dst = static_cast<char*>(st.out(out));
-                 std::vector<transfer> sends, recvs;
-                 std::size_t from = 0, to = 0;
-                 for (int r = 0; r < g.size; ++r) {
-                   const std::size_t out_bytes = send_counts[unsigned(r)] * element;
-                   const std::size_t in_bytes = counts[unsigned(r)] * element;
-                   if (r == g.rank) {
-                     if (out_bytes != in_bytes)
-                       throw_error(errc::mismatch,
-                                   {.operation = "all_to_all_v",
-                                    .rank = rank_,
-                                    .detail = "this rank's count to itself changed"});
-                     local_copy(dst + to, src + from, in_bytes, s);
-                   } else {
-                     sends.push_back({r, const_cast<char*>(src) + from, out_bytes});
-                     recvs.push_back({r, dst + to, in_bytes});
-                   }
-                   from += out_bytes;
-                   to += in_bytes;
-                 }
-                 return grouped(g, s, sends, recvs);
-               });
+  co_await run(
+      ctx, std::max(in.bytes(), out.bytes()), [&](group& g, cudaStream_t s, nccl::staging& st) {
+        const char* src = static_cast<const char*>(st.in(in));
+        char* dst = static_cast<char*>(st.out(out));
+        std::vector<transfer> sends, recvs;
+        std::size_t from = 0, to = 0;
+        for (int r = 0; r < g.size; ++r) {
+          const std::size_t out_bytes = send_counts[unsigned(r)] * element;
+          const std::size_t in_bytes = counts[unsigned(r)] * element;
+          if (r == g.rank) {
+            if (out_bytes != in_bytes)
+              throw_error(errc::mismatch, {.operation = dcomm::name(ctx.operation),
+                                           .rank = rank_,
+                                           .detail = "this rank's count to itself changed"});
+            local_copy(dst + to, src + from, in_bytes, s);
+          } else {
+            sends.push_back({r, const_cast<char*>(src) + from, out_bytes});
+            recvs.push_back({r, dst + to, in_bytes});
+          }
+          from += out_bytes;
+          to += in_bytes;
+        }
+        return grouped(g, s, sends, recvs);
+      });
   co_return counts;
 }
 
-inline void nccl_backend::check_tag(const op_context& ctx, const char* operation) {
+inline void nccl_backend::check_tag(const op_context& ctx) {
   if (ctx.seq != 0)
     throw_error(errc::invalid_argument,
-                {.operation = operation,
+                {.operation = dcomm::name(ctx.operation),
                  .seen = "tag " + std::to_string(static_cast<std::int64_t>(ctx.seq)),
                  .detail = "NCCL matches send and recv in order per pair of ranks; tags other "
                            "than 0 are not supported"});
 }
 
-inline void nccl_backend::no_stream(const op_context& ctx, const char* operation) {
+inline void nccl_backend::no_stream(const op_context& ctx) {
   if (ctx.stream)
     throw_error(errc::invalid_argument,
-                {.operation = operation,
+                {.operation = dcomm::name(ctx.operation),
                  .detail = "the counts are needed on the host before the data moves, so it "
                            "cannot be stream-ordered; leave op_options::stream null"});
 }

@@ -291,7 +291,7 @@ inline void transport::notify_group(op_state& op) {
   // that every rank can name both calls. Then the finding, if any.
   const failed_call* found =
       reason == fail_reason::mismatch ? failed_calls_.find(call_id{op.group, op.seq}) : nullptr;
-  const bool other_call = found && found->theirs.op != coll_op::p2p;
+  const bool other_call = found && found->theirs.op != operation::send;
   if (other_call) f.sig = found->ours;
   const std::size_t said = std::min(op.finding.size(), max_finding_bytes);
   std::shared_ptr<std::string> payload;
@@ -401,7 +401,7 @@ inline void transport::fail_reported(op_state& op, const failed_call& f) {
   std::string peers = f.peers, detail = f.detail, address;
   if (f.code == errc::mismatch && op.collective) {
     // Between two other ranks: blame the side whose call is not ours.
-    if (f.theirs.op != coll_op::p2p && f.culprit >= 0 && op.sig == f.ours)
+    if (f.theirs.op != operation::send && f.culprit >= 0 && op.sig == f.ours)
       peers = "rank " + std::to_string(f.culprit);
     detail += "; this rank called " + describe(op.sig);
   }

@@ -90,7 +90,7 @@ inline std::string transport::board_whereabouts(int peer, const op_state& op) co
   const std::int64_t now = detail::coarse_steady_ns();
   auto call = [&](const shm::board_call& c) {
     std::string s =
-        std::string(name(static_cast<coll_op>(c.op))) + " #" + std::to_string(c.seq_plus_one - 1);
+        std::string(name(static_cast<operation>(c.op))) + " #" + std::to_string(c.seq_plus_one - 1);
     if (c.group == op.group && c.seq_plus_one == op.seq + 1) return "this call (" + s + ")";
     if (c.group != op.group) {
       char g[40];
