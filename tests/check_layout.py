@@ -4,8 +4,8 @@
 1. Floors: a header includes only headers of its own floor or a lower one.
 2. Components (cpu/, nccl/, store/, launch/, ...) do not include each other's
    internals, except where ALLOWED_CROSSINGS says so.
-3. Size: no header over MAX_LINES unless its first comment block says why
-   (a line starting with "// Size:").
+3. Size: no header over MAX_LINES lines, whatever the reason (split it: a
+   component's bodies go to its impl/).
 4. Every collective of the CPU backend's tuning table has its algorithm in
    cpu/algorithms/<op>.hpp (the _v forms beside their base op).
 5. A user of communicator.hpp or gradient_bucketer.hpp compiles no store,
@@ -209,9 +209,8 @@ def main(root):
                 not config_at or config_at[0] > asio_at[0]):
             breaches.append(f'{h} includes Asio before dcomm/detail/asio_config.hpp')
         lines = text.count('\n')
-        head = text[:text.find('#pragma once')] if '#pragma once' in text else text[:2000]
-        if lines > MAX_LINES and '// Size:' not in head:
-            breaches.append(f'{h}: {lines} lines, over {MAX_LINES} with no "// Size:" reason at its top')
+        if lines > MAX_LINES:
+            breaches.append(f'{h}: {lines} lines, over {MAX_LINES}')
         for target in re.findall(r'^#include\s+[<"](dcomm/[^">]+)[">]', text, re.M):
             tf = floor_of(target)
             if tf is None:
