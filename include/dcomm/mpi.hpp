@@ -234,6 +234,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   options o_;
   std::map<std::uint64_t, mpi::group_comms> comms_;  // by group_state::id
   class scratch_lease;
+  class doubling_exchange;                       // detail::recursive_doubling over MPI's messages
   std::vector<std::vector<std::byte>> scratch_;  // p2p_all_reduce's, free
   std::atomic<bool> aborted_{false};
   std::exception_ptr failure_;  // set: every later operation fails with it

@@ -3,8 +3,9 @@
 // messages it needs (Open MPI 4.1's libnbc; docs/performance.md, "Figures
 // behind the code"):
 //   doubling_all_reduce, up to options::p2p_all_reduce_limit: recursive
-//     doubling, the ranks beyond a power of two folding into a partner
-//     first and getting the result from it last. libnbc builds a schedule
+//     doubling (detail/recursive_doubling.hpp, the CPU backend's schedule
+//     too), the ranks beyond a power of two folding into a partner first
+//     and getting the result from it last. libnbc builds a schedule
 //     per call (9 allocations), which costs more than the exchange itself.
 //   ring_all_reduce, above, where each rank's block is at least
 //     options::ring_all_reduce_block: reduce-scatter,
@@ -34,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcomm/detail/recursive_doubling.hpp"
 #include "dcomm/mpi.hpp"
 
 namespace dcomm {
@@ -60,93 +62,109 @@ class mpi_backend::scratch_lease {
   std::vector<std::byte> buf_;
 };
 
-// Length: one schedule (fold, doubling steps, unfold) whose steps share the
-// exchange's state (landing, poison, mismatch, the two requests) through
-// the lambdas at its top; split, each part would take all of it.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
-  const int n = ctx.group->size(), me = ctx.group->rank;
-  const std::size_t bytes = out.bytes();
-  if (in.data != out.data && bytes) std::memcpy(out.data, in.data, bytes);
-  const MPI_Comm comm = comms_of(ctx).own;
-  const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
-  // Every message is received into `landing`, room for any call of this
-  // path and one byte more: a message of that size says its sender saw
-  // calls differ (sent from `poison`, in the steps that remain).
-  const auto capacity = static_cast<int>(o_.p2p_all_reduce_limit + 1);
-  const auto count = static_cast<int>(bytes);
-  scratch_lease lease(*this, 2 * static_cast<std::size_t>(capacity));
-  std::byte* landing = lease.data();
-  const std::byte* poison = landing + capacity;
-  std::string mismatch;  // non-empty: this call fails with errc::mismatch
-  MPI_Request requests[2];
-  MPI_Status statuses[2];
-  auto peer = [&](int partner) {
-    return "rank " + std::to_string(ctx.group->ranks[static_cast<std::size_t>(partner)]);
-  };
-  // One step with `partner`: out to it, its value into landing.
-  auto post = [&](int partner, bool send, bool receive) {
-    requests[0] = requests[1] = MPI_REQUEST_NULL;
-    if (receive)
-      check(MPI_Irecv(landing, capacity, MPI_BYTE, partner, tag, comm, &requests[0]), ctx);
-    if (send)
-      check(mismatch.empty()
-                ? MPI_Isend(out.data, count, MPI_BYTE, partner, tag, comm, &requests[1])
-                : MPI_Isend(poison, capacity, MPI_BYTE, partner, tag, comm, &requests[1]),
-            ctx);
-  };
-  // Whether what arrived is a value to use.
-  auto arrived_well = [&](int partner) {
-    int got = 0;
-    MPI_Get_count(&statuses[0], MPI_BYTE, &got);
-    if (got == count && mismatch.empty()) return true;
-    if (!mismatch.empty()) return false;
-    mismatch = got == capacity ? peer(partner) + " found the ranks' calls differ in size"
-                               : peer(partner) + "'s call has " + std::to_string(got) +
-                                     " bytes, this rank's " + std::to_string(count);
-    return false;
-  };
+// The exchange detail::recursive_doubling runs on: each step posts its
+// MPI_Isend and MPI_Irecv on the group's own communicator under the call's
+// tag (MPI keeps a pair's messages in order) and waits for both. Every
+// message is received into `landing`, room for any call of this path and
+// one byte more: a message of that size says its sender saw calls differ
+// (sent from `poison` in the steps that remain).
+class mpi_backend::doubling_exchange {
+ public:
+  doubling_exchange(mpi_backend& b, const op_context& ctx, tensor_view out, const reducer& r)
+      : b_(b),
+        ctx_(ctx),
+        out_(out),
+        r_(r),
+        comm_(b.comms_of(ctx).own),
+        tag_(static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(b.tag_ub_) + 1))),
+        capacity_(static_cast<int>(b.o_.p2p_all_reduce_limit + 1)),
+        count_(static_cast<int>(out.bytes())),
+        lease_(b, 2 * static_cast<std::size_t>(capacity_)),
+        landing_(lease_.data()),
+        poison_(landing_ + capacity_) {}
+
+  detail::task<bool> give(int peer, std::uint32_t) {
+    co_await step(peer, true, false);
+    co_return true;
+  }
+  detail::task<bool> take(int peer, std::uint32_t) {
+    co_await step(peer, false, true);
+    const bool well = arrived_well(peer);
+    if (well && count_) std::memcpy(out_.data, landing_, out_.bytes());
+    co_return well;
+  }
+  detail::task<bool> receive(int peer, std::uint32_t) {
+    co_await step(peer, false, true);
+    co_return arrived_well(peer);
+  }
+  detail::task<bool> swap(int peer, std::uint32_t) {
+    co_await step(peer, true, true);
+    co_return arrived_well(peer);
+  }
   // out = op(lower rank's value, higher rank's value).
-  auto combine_with = [&](int partner) {
-    if (partner > me) {
-      r.combine(out.data, landing, out.count);
+  void combine(int peer) {
+    if (peer > ctx_.group->rank) {
+      r_.combine(out_.data, landing_, out_.count);
     } else {
-      r.combine(landing, out.data, out.count);
-      if (bytes) std::memcpy(out.data, landing, bytes);
-    }
-  };
-  int pow2 = 1;
-  while (pow2 * 2 <= n) pow2 *= 2;
-  const int extra = n - pow2;
-  if (me >= pow2) {  // folds into me - pow2, which sends the result back
-    const int partner = me - pow2;
-    post(partner, true, false);
-    co_await wait(requests, 2, ctx, statuses, peer(partner));
-    post(partner, false, true);
-    co_await wait(requests, 2, ctx, statuses, peer(partner));
-    if (arrived_well(partner) && bytes) std::memcpy(out.data, landing, bytes);
-  } else {
-    if (me < extra) {
-      post(me + pow2, false, true);
-      co_await wait(requests, 2, ctx, statuses, peer(me + pow2));
-      if (arrived_well(me + pow2)) combine_with(me + pow2);
-    }
-    for (int mask = 1; mask < pow2; mask <<= 1) {
-      const int partner = me ^ mask;
-      post(partner, true, true);
-      co_await wait(requests, 2, ctx, statuses, peer(partner));
-      if (arrived_well(partner)) combine_with(partner);
-    }
-    if (me < extra) {
-      post(me + pow2, true, false);
-      co_await wait(requests, 2, ctx, statuses, peer(me + pow2));
+      r_.combine(landing_, out_.data, out_.count);
+      if (count_) std::memcpy(out_.data, landing_, out_.bytes());
     }
   }
-  if (!mismatch.empty())
+  // Non-empty: the ranks' calls differ, and this one fails with mismatch.
+  const std::string& mismatch() const { return mismatch_; }
+
+ private:
+  std::string peer_name(int peer) const {
+    return "rank " + std::to_string(ctx_.group->ranks[static_cast<std::size_t>(peer)]);
+  }
+  // One step with `peer`: the value out to it, its value into the landing.
+  detail::task<void> step(int peer, bool send, bool receive) {
+    requests_[0] = requests_[1] = MPI_REQUEST_NULL;
+    if (receive)
+      b_.check(MPI_Irecv(landing_, capacity_, MPI_BYTE, peer, tag_, comm_, &requests_[0]), ctx_);
+    if (send)
+      b_.check(mismatch_.empty()
+                   ? MPI_Isend(out_.data, count_, MPI_BYTE, peer, tag_, comm_, &requests_[1])
+                   : MPI_Isend(poison_, capacity_, MPI_BYTE, peer, tag_, comm_, &requests_[1]),
+               ctx_);
+    co_await b_.wait(requests_, 2, ctx_, statuses_, peer_name(peer));
+  }
+  // Whether what arrived is a value to use.
+  bool arrived_well(int peer) {
+    int got = 0;
+    MPI_Get_count(&statuses_[0], MPI_BYTE, &got);
+    if (got == count_ && mismatch_.empty()) return true;
+    if (!mismatch_.empty()) return false;
+    mismatch_ = got == capacity_ ? peer_name(peer) + " found the ranks' calls differ in size"
+                                 : peer_name(peer) + "'s call has " + std::to_string(got) +
+                                       " bytes, this rank's " + std::to_string(count_);
+    return false;
+  }
+
+  mpi_backend& b_;
+  const op_context& ctx_;
+  tensor_view out_;
+  const reducer& r_;
+  MPI_Comm comm_;
+  int tag_, capacity_, count_;
+  scratch_lease lease_;
+  std::byte* landing_;
+  const std::byte* poison_;
+  std::string mismatch_;
+  MPI_Request requests_[2];
+  MPI_Status statuses_[2];
+};
+
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
+    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+  if (in.data != out.data && out.bytes()) std::memcpy(out.data, in.data, out.bytes());
+  doubling_exchange x(*this, ctx, out, r);
+  co_await detail::recursive_doubling(x, ctx.group->size(), ctx.group->rank);
+  if (!x.mismatch().empty())
     throw_error(errc::mismatch, {.operation = call_name(ctx),
                                  .rank = rank_,
-                                 .detail = "the ranks' calls differ in size: " + mismatch});
-  r.finish(out.data, out.count, n);
+                                 .detail = "the ranks' calls differ in size: " + x.mismatch()});
+  r.finish(out.data, out.count, ctx.group->size());
 }
 
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_reduce(
