@@ -138,16 +138,9 @@ class reduction_type {
 // the limit in scratch while it runs (mpi/impl/p2p_all_reduce.hpp).
 inline constexpr std::size_t max_p2p_all_reduce_limit = 1 << 20;
 
-// What ring_all_reduce sends and receives at a time (its scratch).
+// What ring_all_reduce sends and receives at a time (its scratch). Its
+// blocks are detail/partition.hpp's split.
 inline constexpr std::size_t ring_segment = 1 << 20;
-// ring_all_reduce's block b of `count` elements in a ring of n: where it
-// starts and its length.
-// The first count % n blocks are one element longer.
-inline std::pair<std::size_t, std::size_t> ring_block(std::size_t count, int n, int b) {
-  const auto parts = static_cast<std::size_t>(n), i = static_cast<std::size_t>(b);
-  const std::size_t q = count / parts, rem = count % parts;
-  return {i * q + std::min(i, rem), q + (i < rem ? 1 : 0)};
-}
 
 // A group's communicators: MPI's collectives and the user's messages use
 // `comm`; dcomm's own collectives over messages use `own`, a duplicate,

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcomm/detail/partition.hpp"
 #include "dcomm/detail/recursive_doubling.hpp"
 #include "dcomm/mpi.hpp"
 
@@ -180,7 +181,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
   const MPI_Comm comm = comms_of(ctx).own;
   const int tag = static_cast<int>(ctx.seq % (static_cast<std::uint64_t>(tag_ub_) + 1));
   const int right = (me + 1) % n, left = (me + n - 1) % n;
-  auto at = [n](int b) { return (b % n + n) % n; };
+  auto at = [n](int b) { return static_cast<std::size_t>((b % n + n) % n); };
   const std::string peers =
       "ranks " + std::to_string(ctx.group->ranks[static_cast<std::size_t>(left)]) + " and " +
       std::to_string(ctx.group->ranks[static_cast<std::size_t>(right)]);
@@ -204,8 +205,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
   // combined with those it received so far) and combines block
   // me - s - 1 into its own; after n - 1 steps it holds block me + 1.
   for (int s = 0; s + 1 < n; ++s) {
-    const auto [send_at, send_n] = mpi::ring_block(count, n, at(me - s));
-    const auto [recv_at, recv_n] = mpi::ring_block(count, n, at(me - s - 1));
+    const auto [send_at, send_n] = detail::split(count, static_cast<std::size_t>(n), at(me - s));
+    const auto [recv_at, recv_n] =
+        detail::split(count, static_cast<std::size_t>(n), at(me - s - 1));
     for (std::size_t done = 0; done < std::max(send_n, recv_n); done += segment) {
       const std::size_t sn = done < send_n ? std::min(segment, send_n - done) : 0;
       const std::size_t rn = done < recv_n ? std::min(segment, recv_n - done) : 0;
@@ -218,15 +220,16 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_red
         r.combine_to(to, mine + (recv_at + done) * es, landing.data(), rn);
     }
   }
-  const auto [own_at, own_n] = mpi::ring_block(count, n, at(me + 1));
+  const auto [own_at, own_n] = detail::split(count, static_cast<std::size_t>(n), at(me + 1));
   r.finish(data + own_at * es, own_n, n);
   // All-gather: at step s this rank passes on block me + 1 - s, and
   // receives block me - s straight into place (in messages of at most
   // 1 GiB: MPI's counts are ints).
   const std::size_t whole = std::max<std::size_t>(1, (std::size_t{1} << 30) / es);
   for (int s = 0; s + 1 < n; ++s) {
-    const auto [send_at, send_n] = mpi::ring_block(count, n, at(me + 1 - s));
-    const auto [recv_at, recv_n] = mpi::ring_block(count, n, at(me - s));
+    const auto [send_at, send_n] =
+        detail::split(count, static_cast<std::size_t>(n), at(me + 1 - s));
+    const auto [recv_at, recv_n] = detail::split(count, static_cast<std::size_t>(n), at(me - s));
     for (std::size_t done = 0; done < std::max(send_n, recv_n); done += whole) {
       const std::size_t sn = done < send_n ? std::min(whole, send_n - done) : 0;
       const std::size_t rn = done < recv_n ? std::min(whole, recv_n - done) : 0;
