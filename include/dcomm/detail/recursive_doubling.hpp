@@ -1,6 +1,6 @@
 // Recursive doubling, the schedule of the small all_reduce, written once for
 // the backends that run it over their own messages (the CPU backend's
-// cpu/algorithms/all_reduce.hpp, the MPI backend's mpi/impl/p2p_all_reduce.hpp).
+// cpu/algorithms/all_reduce.hpp, the MPI backend's mpi/impl/all_reduce.hpp).
 //   Among n ranks, p the largest power of two not above n: ranks p and up
 //   fold into rank - p first (their value combined into its) and get the
 //   result from it last; ranks below p swap values with partner

@@ -1,3 +1,5 @@
+// The MPI backend's all_reduce and barrier, the two operations with a choice
+// (the others are MPI's own, in mpi/impl/operations.hpp): the rule, and
 // dcomm's own all_reduce over MPI's messages (MPI_Isend, MPI_Irecv on the
 // group's `own` communicator), where MPI_Iallreduce is slower than the
 // messages it needs (Open MPI 4.1's libnbc; docs/performance.md, "Figures
@@ -62,6 +64,47 @@ class mpi_backend::scratch_lease {
   mpi_backend& b_;
   std::vector<std::byte> buf_;
 };
+
+// The rule: an all_reduce (a barrier: one of nothing) up to
+// p2p_all_reduce_limit bytes runs dcomm's recursive doubling; a larger one
+// whose block per rank is at least ring_all_reduce_block, dcomm's ring;
+// any other, MPI's own.
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_context ctx) {
+  check_alive(ctx);
+  co_await check_signature(ctx, mpi::signature(operation::barrier));
+  if (o_.p2p_all_reduce_limit > 0) {  // an all_reduce of nothing, without MPI's schedule
+    co_await doubling_all_reduce(ctx, {}, {}, {});
+    co_return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ibarrier(comm_of(ctx), &request), ctx);
+  co_await wait(&request, 1, ctx);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(op_context ctx,
+                                                                               const_tensor_view in,
+                                                                               tensor_view out,
+                                                                               reducer r) {
+  check_alive(ctx);
+  const int count = mpi::count_of(out.count, dcomm::name(ctx.operation));
+  co_await check_signature(ctx,
+                           mpi::signature(operation::all_reduce, out.type, out.count, -1, r.kind));
+  if (out.bytes() <= o_.p2p_all_reduce_limit) {
+    co_await doubling_all_reduce(ctx, in, out, r);
+    co_return;
+  }
+  if (out.bytes() / static_cast<std::size_t>(ctx.group->size()) >= o_.ring_all_reduce_block &&
+      out.count >= static_cast<std::size_t>(ctx.group->size())) {
+    co_await ring_all_reduce(ctx, in, out, r);
+    co_return;
+  }
+  const mpi::reduction_type rt(r);
+  const void* send = in.data == out.data ? MPI_IN_PLACE : in.data;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(send, out.data, count, rt.type(), rt.op(), comm_of(ctx), &request), ctx);
+  co_await wait(&request, 1, ctx);
+  r.finish(out.data, out.count, ctx.group->size());
+}
 
 // The exchange detail::recursive_doubling runs on: each step posts its
 // MPI_Isend and MPI_Irecv on the group's own communicator under the call's
