@@ -20,7 +20,7 @@
 //   MPI_Iallreduce, ...), then tested on the backend's executor; except
 //   that all_reduce and barrier are dcomm's own over MPI_Isend/MPI_Irecv
 //   where Open MPI's non-blocking collective is slower than the messages
-//   it needs (mpi/impl/p2p_all_reduce.hpp: recursive doubling for small
+//   it needs (mpi/impl/all_reduce.hpp: recursive doubling for small
 //   ones and the barrier, a ring for large ones). MPI moves
 //   data only inside its calls (Open MPI's shared memory transport, a
 //   rendezvous), so a pending operation is tested without pause for
@@ -102,7 +102,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
     // call (see above); $DCOMM_MPI_CHECK_CALLS=1 turns it on too.
     bool check_calls = false;
     // An all_reduce of up to this many bytes (at most 1 MiB) is recursive
-    // doubling over MPI_Isend/MPI_Irecv (mpi/impl/p2p_all_reduce.hpp)
+    // doubling over MPI_Isend/MPI_Irecv (mpi/impl/all_reduce.hpp)
     // instead of MPI_Iallreduce, which sets up a schedule per call and
     // takes twice an exchange of messages (docs/performance.md, "Figures
     // behind the code"). 0: always MPI's. $DCOMM_MPI_P2P_ALL_REDUCE_LIMIT
@@ -110,7 +110,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
     std::size_t p2p_all_reduce_limit = 16 * 1024;
     // A larger all_reduce whose block per rank (its bytes / the group's
     // ranks) is at least this goes around a ring of MPI_Isend/MPI_Irecv
-    // (mpi/impl/p2p_all_reduce.hpp): reduce-scatter, then all-gather;
+    // (mpi/impl/all_reduce.hpp): reduce-scatter, then all-gather;
     // smaller blocks, MPI_Iallreduce (a ring of n waits 2(n-1) times on
     // the network's latency). Open MPI 4.1's MPI_Iallreduce reduces to one
     // rank and broadcasts below 4 ranks or in place, moving the buffer
@@ -219,7 +219,7 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   std::string group_name(const op_context& ctx) const;
   // "all_reduce #3 of group {0,1}": the call as its errors name it.
   std::string call_name(const op_context& ctx) const;
-  // --- mpi/impl/p2p_all_reduce.hpp: all_reduce over messages ---
+  // --- mpi/impl/all_reduce.hpp: dcomm's all_reduce over messages ---
   // (A barrier is one of nothing.)
   DCOMM_EMIT_ON_USE detail::task<void> doubling_all_reduce(op_context ctx, const_tensor_view in,
                                                            tensor_view out, reducer r);
@@ -234,16 +234,17 @@ class mpi_backend : public std::enable_shared_from_this<mpi_backend> {
   options o_;
   std::map<std::uint64_t, mpi::group_comms> comms_;  // by group_state::id
   class scratch_lease;
-  std::vector<std::vector<std::byte>> scratch_;  // p2p_all_reduce's, free
+  class doubling_exchange;                       // detail::recursive_doubling over MPI's messages
+  std::vector<std::vector<std::byte>> scratch_;  // all_reduce.hpp's, free
   std::atomic<bool> aborted_{false};
   std::exception_ptr failure_;  // set: every later operation fails with it
 };
 
 }  // namespace dcomm
 
+#include "dcomm/mpi/impl/all_reduce.hpp"
 #include "dcomm/mpi/impl/backend.hpp"
 #include "dcomm/mpi/impl/operations.hpp"
-#include "dcomm/mpi/impl/p2p_all_reduce.hpp"
 
 namespace dcomm {
 static_assert(backend<mpi_backend>);

@@ -161,6 +161,36 @@ TEST_SUITE("cpu collectives") {
       DCOMM_REQUIRE_WORLD(world, [](comm& c, int) { return functors_views_objects(c); });
   }
 
+  // Recursive doubling (detail/recursive_doubling.hpp) combines the lower
+  // rank's value first on both sides of each exchange: with an operator
+  // that does not commute, every rank still ends with the same value
+  // (worlds with folded ranks included).
+  TEST_CASE("recursive doubling: the same result on every rank, whatever the operator") {
+    DCOMM_TEST_DEADLINE(60s);
+    for (int world : {2, 3, 4, 5, 6})
+      DCOMM_REQUIRE_WORLD(world, [](comm& c, int r) -> asio::awaitable<void> {
+        auto lower_first = [](std::int64_t a, std::int64_t b) { return 3 * a + b; };
+        std::vector<std::int64_t> v{r + 1, 10 * (r + 1)};
+        co_await c.all_reduce(v, lower_first,
+                              dcomm::op_options{.algorithm = dcomm::algorithm::recursive_doubling});
+        std::vector<std::int64_t> all(2 * static_cast<std::size_t>(c.size()));
+        co_await c.all_gather(v, all);
+        for (int p = 0; p < c.size(); ++p)
+          for (std::size_t i = 0; i < 2; ++i)
+            if (all[2 * static_cast<std::size_t>(p) + i] != v[i])
+              throw check_failed("world " + std::to_string(c.size()) + ": rank " +
+                                 std::to_string(p) + " has " +
+                                 std::to_string(all[2 * static_cast<std::size_t>(p) + i]) +
+                                 ", rank " + std::to_string(r) + " " + std::to_string(v[i]));
+        // And it is a combination of every rank's value: the sum's
+        // coefficients are all at least 1.
+        std::int64_t least = 0;
+        for (int p = 0; p < c.size(); ++p) least += p + 1;
+        if (v[0] < least)
+          throw check_failed("a rank's value was left out: " + std::to_string(v[0]));
+      });
+  }
+
   // In the arena a small all_reduce reduces within its first spin, outside
   // any coroutine (call::at_once): what its functor throws must still fail
   // the call the way it does anywhere else, and leave the group usable.

@@ -18,21 +18,14 @@
 
 #include "dcomm/backend.hpp"
 #include "dcomm/cpu/transport/transport.hpp"
+#include "dcomm/detail/partition.hpp"
 
 namespace dcomm::cpu {
 
 // Elements [offset, offset + count) of a buffer.
-struct extent {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-
-// Part i of `count` elements split into `parts` as evenly as possible (the
-// first count % parts parts get one more).
-inline extent split(std::size_t count, std::size_t parts, std::size_t i) {
-  std::size_t base = count / parts, extra = count % parts;
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
+// A part of a buffer, and how the algorithms cut one (detail/partition.hpp).
+using detail::extent;
+using detail::split;
 
 inline int mod(int a, int n) {
   return ((a % n) + n) % n;

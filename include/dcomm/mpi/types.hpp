@@ -18,6 +18,7 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"
+#include "dcomm/operation.hpp"
 #include "dcomm/reduce_op.hpp"
 
 namespace dcomm::mpi {
@@ -135,19 +136,23 @@ class reduction_type {
 };
 
 // The largest options::p2p_all_reduce_limit: each such call holds twice
-// the limit in scratch while it runs (mpi/impl/p2p_all_reduce.hpp).
+// the limit in scratch while it runs (mpi/impl/all_reduce.hpp).
 inline constexpr std::size_t max_p2p_all_reduce_limit = 1 << 20;
 
-// What ring_all_reduce sends and receives at a time (its scratch).
-inline constexpr std::size_t ring_segment = 1 << 20;
-// ring_all_reduce's block b of `count` elements in a ring of n: where it
-// starts and its length.
-// The first count % n blocks are one element longer.
-inline std::pair<std::size_t, std::size_t> ring_block(std::size_t count, int n, int b) {
-  const auto parts = static_cast<std::size_t>(n), i = static_cast<std::size_t>(b);
-  const std::size_t q = count / parts, rem = count % parts;
-  return {i * q + std::min(i, rem), q + (i < rem ? 1 : 0)};
+// What options::check_calls compares across a group: the operation, its
+// dtype, count, root and reduce op, mixed into one word.
+inline std::uint64_t signature(operation k, dtype t = dtype::uint8, std::size_t count = 0,
+                               int root = -1, reduce_kind op = reduce_kind::sum) {
+  std::uint64_t h = static_cast<std::uint64_t>(k) * 0x9e3779b97f4a7c15ull;
+  for (std::uint64_t v : {static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(count),
+                          static_cast<std::uint64_t>(root + 1), static_cast<std::uint64_t>(op)})
+    h = (h ^ v) * 0x100000001b3ull + (h >> 29);
+  return h;
 }
+
+// What ring_all_reduce sends and receives at a time (its scratch). Its
+// blocks are detail/partition.hpp's split.
+inline constexpr std::size_t ring_segment = 1 << 20;
 
 // A group's communicators: MPI's collectives and the user's messages use
 // `comm`; dcomm's own collectives over messages use `own`, a duplicate,

@@ -1,56 +1,76 @@
 // all_reduce on the CPU backend.
 //   recursive_doubling_all_reduce: small messages; log2(p) rounds in which
-//     partners swap whole buffers. A world that is not a power of two
-//     first folds its extra ranks into partners and unfolds at the end.
+//     partners swap whole buffers (detail/recursive_doubling.hpp, the MPI
+//     backend's schedule too). A world that is not a power of two first
+//     folds its extra ranks into partners and unfolds at the end.
 //   ring_all_reduce: large messages; ring reduce-scatter then all-gather,
 //     bandwidth-optimal (each rank sends 2(n-1)/n of the buffer).
-// Both combine commutatively, so every rank ends with the same bits.
+// Every rank ends with the same bits: recursive doubling combines the
+// lower rank's value first on both sides; the ring reduces each block on
+// one rank and copies it.
 #pragma once
 
 #include <cstring>
 
 #include "dcomm/cpu/algorithms/ring.hpp"
 #include "dcomm/cpu/call.hpp"
+#include "dcomm/detail/recursive_doubling.hpp"
 
 namespace dcomm::cpu {
+
+// The exchange detail::recursive_doubling runs on: `buf` holds this
+// rank's value, `other` (the call's scratch) a partner's.
+class doubling_exchange {
+ public:
+  doubling_exchange(call& c, void* buf, void* other, std::size_t count, std::size_t es,
+                    const reducer& op)
+      : c_(c), buf_(buf), other_(other), count_(count), bytes_(count * es), op_(op) {}
+
+  detail::task<bool> give(int peer, std::uint32_t step) {
+    co_await c_.wait(c_.send(peer, step, buf_, bytes_));
+    co_return true;
+  }
+  detail::task<bool> take(int peer, std::uint32_t step) {
+    co_await c_.wait(c_.recv(peer, step, buf_, bytes_));
+    co_return true;
+  }
+  detail::task<bool> receive(int peer, std::uint32_t step) {
+    co_await c_.wait(c_.recv(peer, step, other_, bytes_));
+    co_return true;
+  }
+  detail::task<bool> swap(int peer, std::uint32_t step) {
+    io_item& out = c_.send(peer, step, buf_, bytes_);
+    io_item& in = c_.recv(peer, step, other_, bytes_);
+    co_await c_.wait(in);
+    co_await c_.wait(out);  // buf is read by the send until it is done
+    co_return true;
+  }
+  void combine(int peer) {
+    if (peer > c_.rank()) {
+      op_.combine(buf_, other_, count_);
+    } else {
+      op_.combine(other_, buf_, count_);
+      if (bytes_) std::memcpy(buf_, other_, bytes_);
+    }
+  }
+
+ private:
+  call& c_;
+  void* buf_;
+  void* other_;
+  std::size_t count_, bytes_;
+  const reducer& op_;
+};
 
 // `buf` holds this rank's contribution and receives the result.
 DCOMM_EMIT_ON_USE inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf,
                                                                           std::size_t count,
                                                                           std::size_t es,
                                                                           const reducer& op) {
-  const int n = c.size(), r = c.rank();
-  const std::size_t bytes = count * es;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int extra = n - p;
   scratch tmp(c);
-  void* other = tmp.get(bytes);
-  int v;  // rank among the p that take part in the doubling, or -1
-  if (r < 2 * extra) {
-    if (r % 2 == 0) {  // folded: hand the data over, get the result back
-      co_await c.wait(c.send(r + 1, 0, buf, bytes));
-      co_await c.wait(c.recv(r + 1, 1000, buf, bytes));
-      co_return;
-    }
-    co_await c.wait(c.recv(r - 1, 0, other, bytes));
-    op.combine(buf, other, count);
-    v = r / 2;
-  } else {
-    v = r - extra;
-  }
-  auto real = [extra](int vr) { return vr < extra ? vr * 2 + 1 : vr + extra; };
-  std::uint32_t round = 1;
-  for (int mask = 1; mask < p; mask <<= 1, ++round) {
-    const int partner = real(v ^ mask);
-    io_item& s = c.send(partner, round, buf, bytes);
-    io_item& in = c.recv(partner, round, other, bytes);
-    co_await c.wait(in);
-    co_await c.wait(s);  // buf is read by the send until it is done
-    op.combine(buf, other, count);
-  }
-  op.finish(buf, count, n);
-  if (r < 2 * extra) c.send(r - 1, 1000, buf, bytes);
+  doubling_exchange x(c, buf, tmp.get(count * es), count, es, op);
+  co_await detail::recursive_doubling(x, c.size(), c.rank());
+  op.finish(buf, count, c.size());
   co_await c.wait_all();  // before `other` (scratch) goes away
 }
 

@@ -18,17 +18,6 @@ namespace dcomm {
 
 namespace mpi {
 
-// What options::check_calls compares across a group: the operation, its
-// dtype, count, root and reduce op, mixed into one word.
-inline std::uint64_t signature(operation k, dtype t = dtype::uint8, std::size_t count = 0,
-                               int root = -1, reduce_kind op = reduce_kind::sum) {
-  std::uint64_t h = static_cast<std::uint64_t>(k) * 0x9e3779b97f4a7c15ull;
-  for (std::uint64_t v : {static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(count),
-                          static_cast<std::uint64_t>(root + 1), static_cast<std::uint64_t>(op)})
-    h = (h ^ v) * 0x100000001b3ull + (h >> 29);
-  return h;
-}
-
 inline const char* at(const void* p, std::size_t offset) {
   return static_cast<const char*>(p) + offset;
 }
@@ -84,18 +73,6 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::recv(op_cont
                            std::to_string(bytes) + " bytes"});
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_context ctx) {
-  check_alive(ctx);
-  co_await check_signature(ctx, mpi::signature(operation::barrier));
-  if (o_.p2p_all_reduce_limit > 0) {  // an all_reduce of nothing, without MPI's schedule
-    co_await doubling_all_reduce(ctx, {}, {}, {});
-    co_return;
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibarrier(comm_of(ctx), &request), ctx);
-  co_await wait(&request, 1, ctx);
-}
-
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::broadcast(op_context ctx,
                                                                               tensor_view buf,
                                                                               int root) {
@@ -123,31 +100,6 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce(op_co
         ctx);
   co_await wait(&request, 1, ctx);
   if (is_root) r.finish(out.data, out.count, ctx.group->size());
-}
-
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(op_context ctx,
-                                                                               const_tensor_view in,
-                                                                               tensor_view out,
-                                                                               reducer r) {
-  check_alive(ctx);
-  const int count = mpi::count_of(out.count, dcomm::name(ctx.operation));
-  co_await check_signature(ctx,
-                           mpi::signature(operation::all_reduce, out.type, out.count, -1, r.kind));
-  if (out.bytes() <= o_.p2p_all_reduce_limit) {
-    co_await doubling_all_reduce(ctx, in, out, r);
-    co_return;
-  }
-  if (out.bytes() / static_cast<std::size_t>(ctx.group->size()) >= o_.ring_all_reduce_block &&
-      out.count >= static_cast<std::size_t>(ctx.group->size())) {
-    co_await ring_all_reduce(ctx, in, out, r);
-    co_return;
-  }
-  const mpi::reduction_type rt(r);
-  const void* send = in.data == out.data ? MPI_IN_PLACE : in.data;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(send, out.data, count, rt.type(), rt.op(), comm_of(ctx), &request), ctx);
-  co_await wait(&request, 1, ctx);
-  r.finish(out.data, out.count, ctx.group->size());
 }
 
 // in: n blocks (root only); out: one block (on the root, perhaps in's own).
