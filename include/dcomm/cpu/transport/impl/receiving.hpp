@@ -160,7 +160,7 @@ inline bool transport::from_stage(peer_link& l, void* dst, std::size_t n) {
 // Reading: one coroutine per peer parses frames out of a staging buffer;
 // payloads for posted receives go straight into the receiver's buffer.
 // `exact`: read no further than n bytes, so that a large payload behind
-// them is left in the socket for read_payload to read straight into its
+// them is left in the link for read_payload to read straight into its
 // buffer instead of through the stage (a copy of half of each chunk).
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::fill(peer_link& l, std::size_t n,
                                                                        bool exact) {
