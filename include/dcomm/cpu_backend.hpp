@@ -95,7 +95,7 @@ class cpu_backend {
   // How frames reach rank `peer` (a global rank, not this one): "shm"
   // (shared memory, a rank of this host) or "tcp". On the backend's
   // executor, or once start-up is over (links never change after).
-  std::string_view link_to(int peer) const { return net_->shm_link(peer) ? "shm" : "tcp"; }
+  std::string_view link_to(int peer) const { return net_->link_name(peer); }
   // Bytes (headers included) written on the link to `peer`, and bytes read
   // from its memory in one copy (options::shm_single_copy); on the executor.
   std::uint64_t bytes_sent_to(int peer) const { return net_->bytes_sent_to(peer); }
@@ -110,7 +110,7 @@ class cpu_backend {
   std::string describe() const {
     std::vector<int> shm, tcp;
     for (int p = 0; p < world_size(); ++p)
-      if (p != rank()) (net_->shm_link(p) ? shm : tcp).push_back(p);
+      if (p != rank()) (net_->link_name(p) == "shm" ? shm : tcp).push_back(p);
     auto ranks = [](const std::vector<int>& v) {
       return v.empty() ? std::string("none") : "ranks " + detail::format_ranks(v);
     };

@@ -1,18 +1,18 @@
-// The CPU backend's transport: one link per peer, a socket of the mesh
-// (cpu/startup/mesh.hpp) or, to a peer on this host, a pair of shared
-// memory rings (impl/shm_links.hpp), over which every operation of every
-// group travels as framed messages (but the collectives that run in a
-// host's arena: cpu/algorithms/shared_memory.hpp).
+// The CPU backend's transport: one link per peer (cpu/transport/link.hpp: a
+// socket of the mesh, socket_link.hpp, or to a peer on this host a pair of
+// shared memory rings, shm_link.hpp; make_link below picks), over which
+// every operation of every group travels as framed messages (but the
+// collectives that run in a host's arena: cpu/algorithms/shared_memory.hpp).
 //
 // This header holds the transport class and its operations' life (add,
-// post, wait, abandon); its other jobs have headers of their own, included
-// at the end: the sending side (cpu/transport/impl/sending.hpp: posting sends, writing
-// frames, taking items back), the receiving side (cpu/transport/impl/receiving.hpp:
-// reading frames, matching them to receives), failure forwarding
-// (cpu/transport/impl/failure_forwarding.hpp: fail frames, probes, blame, the first
-// cause) and shutdown (cpu/transport/impl/shutdown.hpp: goodbye, drain, close). The units
-// of work are in cpu/transport/io_items.hpp, a peer's connection in cpu/transport/link.hpp, the
-// record of failed calls in cpu/transport/failed_calls.hpp, the wire format in
+// post, wait, abandon); its other jobs have headers of their own in
+// cpu/transport/impl/, included at the end: sending.hpp (posting sends,
+// queueing frames, taking items back), receiving.hpp (reading frames,
+// matching them to receives), failure_forwarding.hpp (fail frames, probes,
+// blame, the first cause), shutdown.hpp (goodbye, drain, close) and
+// shm_links.hpp (the host's shared memory: polling, the doorbell, the
+// arenas). The units of work are in cpu/transport/io_items.hpp, the record
+// of failed calls in cpu/transport/failed_calls.hpp, the wire format in
 // cpu/wire_format.hpp.
 //
 // Frames (a fixed wire_header, then `bytes` of payload for eager and data):
@@ -56,6 +56,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,6 +68,8 @@
 #include "dcomm/cpu/transport/io_items.hpp"
 #include "dcomm/cpu/transport/link.hpp"
 #include "dcomm/cpu/transport/pool.hpp"
+#include "dcomm/cpu/transport/shm_link.hpp"
+#include "dcomm/cpu/transport/socket_link.hpp"
 #include "dcomm/cpu/wire_format.hpp"
 #include "dcomm/detail/log.hpp"
 #include "dcomm/detail/socket.hpp"
@@ -99,7 +102,7 @@ struct shm_links {
   std::vector<int> local;
 };
 
-class transport : public std::enable_shared_from_this<transport> {
+class transport : public std::enable_shared_from_this<transport>, private link_events {
  public:
   transport(asio::any_io_executor ex, int rank, int world, mesh_sockets sockets,
             transport_options options, shm_links shm = {}, std::vector<int> host_of = {},
@@ -109,45 +112,52 @@ class transport : public std::enable_shared_from_this<transport> {
         world_(world),
         options_(options),
         hosts_(std::move(host_of)) {
+    if (shm.segment) use_shm(shm);
     links_.reserve(sockets.size());
-    for (auto& s : sockets) {
-      auto l = std::make_unique<peer_link>(std::move(s));
+    shm_of_.resize(sockets.size());
+    for (std::size_t p = 0; p < sockets.size(); ++p) {
+      std::string address;
+      asio::error_code ec;
+      if (sockets[p].is_open()) {
+        auto ep = sockets[p].remote_endpoint(ec);
+        if (!ec) address = detail::endpoint_address(ep);
+      }
+      auto l = std::make_unique<peer_link>(make_link(static_cast<int>(p), std::move(sockets[p])));
+      l->link->attach(*this, static_cast<int>(p), *l);
+      l->address = std::move(address);
       l->stage.resize(options_.stage_bytes);
-      l->batch_headers.resize(options_.max_batch);
-      l->gather.reserve(2 * options_.max_batch);
       // Room for what a call commonly has in flight per peer, so that the
       // lists rarely grow once a job runs (growth is kept, not repeated).
       l->posted.reserve(64);
       l->unexpected.reserve(64);
       l->awaiting_data.reserve(64);
       l->awaiting_cts.reserve(64);
-      asio::error_code ec;
-      if (l->socket.is_open()) {
-        auto ep = l->socket.remote_endpoint(ec);
-        if (!ec) l->address = detail::endpoint_address(ep);
-      }
-      if (links_.size() < clock_offsets.size()) l->clock_offset_ns = clock_offsets[links_.size()];
+      if (p < clock_offsets.size()) l->clock_offset_ns = clock_offsets[p];
       links_.push_back(std::move(l));
     }
-    if (shm.segment) use_shm(std::move(shm));
   }
 
-  // Starts one reader per peer (and for peers on this host, a watch on
-  // their socket, and the doorbell's listener); call once, on the strand.
+  // Starts one reader per peer, then the links' own work (a shared memory
+  // link watches its socket), the doorbell's listener; once, on the strand.
   void start() {
     auto none = [](std::exception_ptr) {};
     for (int p = 0; p < world_; ++p)
       if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
-    for (int p : shm_peers_) detail::start(ex_, watch_shm_peer(shared_from_this(), p), none);
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_) links_[static_cast<std::size_t>(p)]->link->start();
     if (shm_) detail::start(ex_, listen_bell(shared_from_this()), none);
   }
-  // Whether frames to rank p go through shared memory.
-  bool shm_link(int p) const { return links_[static_cast<std::size_t>(p)]->shm != nullptr; }
+  // What the link to rank p counts calls as carried by: "shm" (shared
+  // memory, a rank of this host) or "tcp".
+  std::string_view link_name(int p) const {
+    return links_[static_cast<std::size_t>(p)]->link->abilities.carries == transports::shm ? "shm"
+                                                                                           : "tcp";
+  }
   std::uint64_t bytes_sent_to(int p) const {
     return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_written;
   }
   std::uint64_t bytes_read_directly_from(int p) const {
-    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->bytes_read_directly;
+    return p == rank_ ? 0 : links_[static_cast<std::size_t>(p)]->link->bytes_read_directly;
   }
 
   int rank() const { return rank_; }
@@ -351,8 +361,9 @@ class transport : public std::enable_shared_from_this<transport> {
   bool waits_on_shm(const op_state& op) const {
     if (op.on_arena) return true;
     if (shm_peers_.empty()) return false;
-    return std::any_of(op.items.begin(), op.items.end(),
-                       [this](const io_item& i) { return !i.finished() && shm_link(i.peer); });
+    return std::any_of(op.items.begin(), op.items.end(), [this](const io_item& i) {
+      return !i.finished() && links_[static_cast<std::size_t>(i.peer)]->link->abilities.polled;
+    });
   }
 
   // An arena this rank meets its group in (cpu/algorithms/shm_arena.hpp): the host's,
@@ -409,29 +420,47 @@ class transport : public std::enable_shared_from_this<transport> {
   void tell_whereabouts(std::uint64_t group, wire_header& reply) const;
   std::string whereabouts(int peer, const op_state& op, const group_whereabouts& w) const;
 
-  // Errors that name the op, its group and sequence number.
+  // Errors that name the op, its group and sequence number
+  // (cpu/transport/impl/failure_forwarding.hpp).
   std::exception_ptr make_error(errc code, const op_state& op, std::string peers,
-                                std::string detail, std::string address = {}) const {
-    std::string where;
-    if (op.collective)
-      where = "call #" + std::to_string(op.seq) + " on " + std::string(op.group_name) + ": ";
-    else if (!op.group_name.empty())
-      where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " +
-              std::string(op.group_name) + ": ";
-    return std::make_exception_ptr(error(code, {.operation = op.operation,
-                                                .rank = rank_,
-                                                .peers = std::move(peers),
-                                                .address = std::move(address),
-                                                .detail = where + detail}));
-  }
+                                std::string detail, std::string address = {}) const;
 
  private:
+  // Which kind of link reaches rank p: a shared memory link to a rank of
+  // this host's segment (start-up says which ranks share it:
+  // cpu/startup/connect.hpp), a socket to every other. A new kind of link
+  // is chosen here.
+  std::unique_ptr<link> make_link(int p, detail::ip_tcp::socket s) {
+    if (shm_ && p != rank_) {
+      const auto local = std::find(shm_local_.begin(), shm_local_.end(), p);
+      if (local != shm_local_.end()) {
+        auto l = std::make_unique<shm_link>(
+            std::move(s), ex_, *shm_, static_cast<std::size_t>(shm_me_),
+            static_cast<std::size_t>(local - shm_local_.begin()), rank_, options_.shm_single_copy);
+        shm_of_[static_cast<std::size_t>(p)] = l.get();
+        shm_peers_.push_back(p);
+        return l;
+      }
+    }
+    return std::make_unique<socket_link>(std::move(s), ex_, options_.max_batch,
+                                         options_.eager_limit);
+  }
+
+  // What the links tell (link_events, a private base).
+  std::shared_ptr<link_events> keep_alive() override { return {shared_from_this(), this}; }
+  void written(int peer, std::size_t frames, std::size_t bytes,
+               const asio::error_code& ec) override;
+  void write_queued(int peer) override { start_write(peer); }
+  void reader_idle() override;
+  void heard_goodbye(int peer, const wire_header& bye) override;
+  void lose(int peer, std::string why) override { lose_link(peer, std::move(why)); }
+
   // Sending (cpu/transport/impl/sending.hpp).
   wire_header header_for(const io_item& it) const;
   void queue_parts(io_item& it);
   void start_write(int peer);
-  void on_written(int peer, const asio::error_code& ec);
   void cancel_item(io_item& it, bool let_io_finish);
+  void withdraw_offer(peer_link& l, io_item& it);
 
   // Receiving (cpu/transport/impl/receiving.hpp).
   bool check_match(io_item& it, const wire_header& h);
@@ -491,32 +520,26 @@ class transport : public std::enable_shared_from_this<transport> {
   void fail_for_refused_send(op_state& op, int peer, const refused_send& r);
   static std::string refused_send_detail(const refused_send& r, int peer, const std::string& send);
 
-  // Shared memory links (cpu/transport/impl/shm_links.hpp).
-  void use_shm(shm_links shm);
+  // The host's shared memory (cpu/transport/impl/shm_links.hpp).
+  void use_shm(const shm_links& shm);
+  // Rank p's shared memory link (null: p is reached otherwise).
+  shm_link* shm_of(int p) const { return shm_of_[static_cast<std::size_t>(p)]; }
   void post_whereabouts(const op_state* left);
   std::string board_whereabouts(int peer, const op_state& op) const;
-  void shm_write(int peer);
-  DCOMM_EMIT_ON_USE detail::task<void> shm_readable(peer_link& l);
   bool poll_shm(const op_state* spinner = nullptr);
-  bool read_eager_inline(peer_link& l, int peer, const op_state* spinner);
-  DCOMM_EMIT_ON_USE static detail::task<void> watch_shm_peer(std::shared_ptr<transport> self,
-                                                             int peer);
+  bool read_eager_inline(peer_link& l, shm_link& s, int peer, const op_state* spinner);
   DCOMM_EMIT_ON_USE static detail::task<void> listen_bell(std::shared_ptr<transport> self);
   template <class Pred>
   bool spin_shm(const op_state& spinner, Pred pred);
   void settle_bell();
   void close_bell_if_unused();
   void wake_arena_holder();
-  bool read_directly(peer_link& l, io_item& it, const wire_header& rts);
-  void withdraw_offer(peer_link& l, io_item& it);
 
   // Shutdown (cpu/transport/impl/shutdown.hpp).
   void drain(const std::shared_ptr<asio::steady_timer>& timer, detail::clock::time_point cut);
-  static std::size_t unacknowledged(peer_link& l);
   void closed_all();
   void say_goodbye();
   void close_link(peer_link& l);
-  void socket_goodbye(peer_link& l);
   void lose_link(int peer, std::string why);
 
   void fail_item(io_item& it, std::exception_ptr e) {
@@ -555,7 +578,9 @@ class transport : public std::enable_shared_from_this<transport> {
   // through it, and this rank's doorbell (a dup of its eventfd).
   std::shared_ptr<shm::segment> shm_;
   int shm_me_ = -1;
+  std::vector<int> shm_local_;  // the ranks of the segment, this one among them
   std::vector<int> shm_peers_;
+  std::vector<shm_link*> shm_of_;                   // per rank: its link's, where it is one
   asio::posix::stream_descriptor* bell_ = nullptr;  // listen_bell's, while it runs
   bool bell_settling_ = false;                      // settle_bell is posted
   // The arenas this rank has a seat at (reserved once: calls hold

@@ -22,6 +22,22 @@
 
 namespace dcomm::cpu {
 
+// Errors that name the op, its group and sequence number.
+inline std::exception_ptr transport::make_error(errc code, const op_state& op, std::string peers,
+                                                std::string detail, std::string address) const {
+  std::string where;
+  if (op.collective)
+    where = "call #" + std::to_string(op.seq) + " on " + std::string(op.group_name) + ": ";
+  else if (!op.group_name.empty())
+    where = "tag " + std::to_string(static_cast<std::int64_t>(op.seq)) + " on " +
+            std::string(op.group_name) + ": ";
+  return std::make_exception_ptr(error(code, {.operation = op.operation,
+                                              .rank = rank_,
+                                              .peers = std::move(peers),
+                                              .address = std::move(address),
+                                              .detail = where + detail}));
+}
+
 // The connection to `peer` is gone. If the peer said goodbye naming the
 // failure that made it leave, the first cause is blamed, not the peer.
 inline std::exception_ptr transport::lost_error(op_state& op, int peer) {

@@ -25,7 +25,7 @@ inline void transport::post_recv(io_item& it) {
   it.id = ++next_id_;
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
-  it.op->carried |= l.shm ? transports::shm : transports::tcp;
+  it.op->carried |= l.link->abilities.carries;
   // Before the lost check: a peer that sent its last message and left
   // is no error for the receive that message was for.
   auto u = std::find_if(l.unexpected.begin(), l.unexpected.end(),
@@ -102,7 +102,7 @@ inline bool transport::check_match(io_item& it, const wire_header& h) {
 // A large receive found its rts: read the data from the sender's buffer
 // where it offered it (a peer of this host), else ask for it.
 inline void transport::start_data(peer_link& l, io_item& it, const wire_header& rts) {
-  if (rts.cookie2 && read_directly(l, it, rts)) {
+  if (rts.cookie2 && l.link->read_offered(it.recv_buffer, it.bytes, rts)) {
     wire_header c = rts;
     c.kind = msg_kind::cts;
     c.cookie2 = it.id;
@@ -160,7 +160,7 @@ inline bool transport::from_stage(peer_link& l, void* dst, std::size_t n) {
 // Reading: one coroutine per peer parses frames out of a staging buffer;
 // payloads for posted receives go straight into the receiver's buffer.
 // `exact`: read no further than n bytes, so that a large payload behind
-// them is left in the socket for read_payload to read straight into its
+// them is left in the link for read_payload to read straight into its
 // buffer instead of through the stage (a copy of half of each chunk).
 DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::fill(peer_link& l, std::size_t n,
                                                                        bool exact) {
@@ -172,15 +172,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::fill(peer_link
   }
   while (l.end < n) {
     const std::size_t room = (exact ? n : l.stage.size()) - l.end;
-    if (l.shm) {
-      const std::size_t got = l.shm->read_some(l.stage.data() + l.end, room);
-      if (got == 0) co_await shm_readable(l);
-      l.end += got;
-      continue;
-    }
-    auto [ec, got] = co_await l.socket.async_read_some(asio::buffer(l.stage.data() + l.end, room),
-                                                       detail::use_task);
-    if (ec) throw asio::system_error(ec);
+    char* to = l.stage.data() + l.end;
+    std::size_t got = l.link->read_now(to, room);
+    if (got == 0) got = co_await l.link->read(to, room, false);
     l.end += got;
   }
 }
@@ -196,24 +190,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_payload(p
     n -= take;
     if (dst) dst += take;
     if (n == 0) co_return;
-    if (l.shm) {
-      // Straight from the ring: no stage between.
-      while (n) {
-        const std::size_t got = l.shm->read_some(dst, n);
-        if (got == 0) co_await shm_readable(l);
-        n -= got;
-        if (dst) dst += got;
-      }
-      co_return;
-    }
-    if (dst && n >= l.stage.size() / 4) {
-      auto [ec, got] = co_await asio::async_read(
-          l.socket, asio::buffer(dst, n),
-          [n](const asio::error_code& ec, std::size_t done) -> std::size_t {
-            return ec ? 0 : n - done;
-          },
-          detail::use_task);
-      if (ec) throw asio::system_error(ec);
+    // Straight into dst, no stage between: any size where reads are cheap
+    // (a ring), else a payload large enough to be worth a read of its own.
+    if (l.link->abilities.cheap_reads || (dst && n >= l.stage.size() / 4)) {
+      co_await l.link->read(dst, n, true);
       co_return;
     }
     co_await fill(l, std::min(n, l.stage.size()));
@@ -261,9 +241,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_frames(pe
     // While a large payload is due (we sent cts), read headers on their own:
     // one more small read per frame, one copy less per payload byte.
     if (l.end - l.begin < sizeof(wire_header)) {
-      l.shm_between_frames = l.shm != nullptr;
+      l.between_frames = true;
       co_await fill(l, sizeof(wire_header), !l.awaiting_data.empty());
-      l.shm_between_frames = false;
+      l.between_frames = false;
     }
     const wire_header h = take_header(l, peer);
     switch (h.kind) {

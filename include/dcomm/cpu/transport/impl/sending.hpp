@@ -1,12 +1,12 @@
-// The transport's sending side: posting sends, writing frames to a link in
-// order (several per gathered write), and taking back the items of a failed
-// call. Part of cpu/transport/transport.hpp.
+// The transport's sending side: posting sends, queueing frames for a link
+// (which writes them in order: cpu/transport/link.hpp), what is done once
+// they are written, and taking back the items of a failed call. Part of
+// cpu/transport/transport.hpp.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
 
 #include "dcomm/cpu/transport/transport.hpp"
@@ -32,7 +32,7 @@ inline void transport::post_send(io_item& it) {
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
   if (l.lost) return fail_item(it, lost_error(*it.op, it.peer));
-  it.op->carried |= l.shm ? transports::shm : transports::tcp;
+  it.op->carried |= l.link->abilities.carries;
   wire_header h = header_for(it);
   if (it.bytes <= options_.eager_limit && !it.staged) {
     h.kind = msg_kind::eager;
@@ -41,12 +41,9 @@ inline void transport::post_send(io_item& it) {
   } else {
     h.kind = msg_kind::rts;
     h.cookie = it.id;
-    // A peer of this host may read the buffer itself (shm/single_copy.hpp).
-    if (l.shm && options_.shm_single_copy && !it.staged && it.bytes) {
-      h.cookie2 = reinterpret_cast<std::uintptr_t>(it.send_buffer);
-      h.extra = l.shm->withdrawn_here();
-      it.offered = true;
-    }
+    // The link may let the peer read the buffer itself (a peer of this
+    // host: shm/single_copy.hpp).
+    if (!it.staged && it.bytes && l.link->offer(h, it.send_buffer)) it.offered = true;
     it.state = item_state::awaiting_cts;
     l.awaiting_cts.push_back(&it);
     l.frames.push_back({h, nullptr, 0, nullptr});
@@ -77,51 +74,20 @@ inline void transport::queue_parts(io_item& it) {
   start_write(it.peer);
 }
 
-// Writing: frames go out in order, several per gathered write.
+// Writing: the link writes what is queued, in order, as far as it can now
+// (a link that is writing already goes on by itself).
 inline void transport::start_write(int peer) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
-  if (l.shm) return shm_write(peer);
-  if (l.batch > 0 || l.frames.empty() || l.lost) return;
-  l.gather.clear();
-  std::size_t total = 0;
-  while (!l.frames.empty() && l.frames.front().cancelled) l.frames.pop_front();
-  if (l.frames.empty()) return;
-  while (l.batch < l.frames.size() && l.batch < options_.max_batch) {
-    outgoing_frame& f = l.frames[l.batch];
-    if (f.cancelled) {
-      ++l.batch;  // written as nothing, popped with the batch
-      continue;
-    }
-    wire_header& h = l.batch_headers[l.batch] = f.header;
-    l.gather.push_back(asio::buffer(&h, sizeof h));
-    if (f.bytes > 0) l.gather.push_back(asio::buffer(f.payload, f.bytes));
-    if (f.item) f.item->in_flight = true;
-    total += sizeof f.header + f.bytes;
-    ++l.batch;
-    if (f.bytes > options_.eager_limit) break;  // a large payload goes on its own
-  }
-  l.batch_bytes = total;
-  // A span, not the vector: the write operation keeps a copy of the
-  // sequence, and a copied vector would allocate on every write.
-  // Its operation memory from the pool: no allocation per write.
-  detail::with_pooled_handler(
-      ex_,
-      [self = shared_from_this(), peer](const asio::error_code& ec, std::size_t) {
-        self->on_written(peer, ec);
-      },
-      [&](auto handler) {
-        asio::async_write(
-            l.socket, std::span<const asio::const_buffer>(l.gather),
-            [total](const asio::error_code& ec, std::size_t done) -> std::size_t {
-              return ec ? 0 : total - done;
-            },
-            std::move(handler));
-      });
+  if (l.lost) return;
+  l.link->write();
 }
 
-inline void transport::on_written(int peer, const asio::error_code& ec) {
+// The link wrote the first `frames` frames (or failed to): their sends are
+// done, unless a staged send has parts to come.
+inline void transport::written(int peer, std::size_t frames, std::size_t bytes,
+                               const asio::error_code& ec) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
-  for (std::size_t i = 0; i < l.batch; ++i) {
+  for (std::size_t i = 0; i < frames; ++i) {
     io_item* it = l.frames[i].item;
     if (!it) continue;
     it->in_flight = false;
@@ -132,14 +98,18 @@ inline void transport::on_written(int peer, const asio::error_code& ec) {
       complete(*it);
     it->op->wake();  // also when its op is draining
   }
-  l.frames.pop_front(l.batch);
+  l.frames.pop_front(frames);
   l.batch = 0;
-  if (!ec) l.bytes_written += l.batch_bytes;
-  if (ec) {
-    if (!l.lost) lose_link(peer, "writing to it failed: " + ec.message());
-    return;
-  }
-  start_write(peer);
+  if (!ec) l.bytes_written += bytes;
+  if (ec && !l.lost) lose_link(peer, "writing to it failed: " + ec.message());
+}
+
+// A send whose buffer the peer may be reading leaves awaiting_cts without
+// its answer (its call failed, the link closed): the link says so before
+// the buffer goes back to the caller.
+inline void transport::withdraw_offer(peer_link& l, io_item& it) {
+  if (it.offered) l.link->withdraw_offer();
+  it.offered = false;
 }
 
 // Takes back an item of a failed op. I/O in progress on its buffer can

@@ -1,9 +1,7 @@
-// The transport's links to peers on the same host (cpu/startup/connect.hpp decides
-// which): the same frames as on a socket, written to and read from a pair
-// of shared memory rings (shm/channel.hpp), so that matching, mismatch
-// detection, probes, failure forwarding and goodbyes work unchanged. The
-// socket to such a peer carries nothing; it stays open so that the kernel
-// tells when the peer is gone (closed, killed, crashed) at once.
+// The transport's side of the host's shared memory segment (shm/): the
+// ranks of this host reached through it (their links:
+// cpu/transport/shm_link.hpp), this rank's identity and whereabouts in it,
+// polling, the doorbell, single copy reads for the arenas, and the arenas.
 //
 // Waiting: an operation that waits polls the rings for up to `shm_spin`
 // (the readers run between polls); then this rank says in its doorbell
@@ -12,7 +10,6 @@
 #pragma once
 
 #include <sched.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +22,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "dcomm/cpu/transport/transport.hpp"
@@ -33,19 +29,13 @@
 
 namespace dcomm::cpu {
 
-// Links to the ranks of shm.local go through the segment.
-inline void transport::use_shm(shm_links shm) {
+// The segment shared with the ranks of shm.local (make_link gives them
+// shared memory links).
+inline void transport::use_shm(const shm_links& shm) {
   const auto me = std::find(shm.local.begin(), shm.local.end(), rank_);
   shm_me_ = static_cast<int>(me - shm.local.begin());
-  for (std::size_t i = 0; i < shm.local.size(); ++i) {
-    const int p = shm.local[i];
-    if (p == rank_) continue;
-    peer_link& l = *links_[static_cast<std::size_t>(p)];
-    l.shm = std::make_unique<shm::channel>(*shm.segment, static_cast<std::size_t>(shm_me_), i);
-    l.shm_local = i;
-    shm_peers_.push_back(p);
-  }
-  shm_ = std::move(shm.segment);
+  shm_local_ = shm.local;
+  shm_ = shm.segment;
   // Who this rank is, for peers that read its buffers (shm/single_copy.hpp);
   // published before anything it sends through the rings.
   shm::process_identity& me_id = shm_->identity(static_cast<std::size_t>(shm_me_));
@@ -83,9 +73,9 @@ inline void transport::post_whereabouts(const op_state* left) {
 // What a silent peer of this host last wrote on its board, as a clause of
 // a timeout's message ("" where it cannot be read).
 inline std::string transport::board_whereabouts(int peer, const op_state& op) const {
-  const peer_link& l = *links_[static_cast<std::size_t>(peer)];
-  if (!shm_ || !l.shm) return {};
-  const auto r = shm_->board(l.shm_local).read();
+  const shm_link* s = shm_of(peer);
+  if (!shm_ || !s) return {};
+  const auto r = shm_->board(s->local).read();
   if (!r) return {};
   const std::int64_t now = detail::coarse_steady_ns();
   auto call = [&](const shm::board_call& c) {
@@ -113,83 +103,6 @@ inline std::string transport::board_whereabouts(int peer, const op_state& op) co
   return "its shared memory says it has made no collective call";
 }
 
-// Writing: the link's frames in order, as far as the ring has room; the
-// rest once the reader made some (poll_shm). A send is done once its
-// frame is in the ring: the buffer is free again.
-inline void transport::shm_write(int peer) {
-  peer_link& l = *links_[static_cast<std::size_t>(peer)];
-  if (l.shm_writer_blocked || l.lost || !l.socket.is_open()) return;
-  while (!l.frames.empty()) {
-    outgoing_frame& f = l.frames.front();
-    std::size_t& done = l.shm_frame_written;
-    if (done == 0 && f.cancelled) {
-      l.frames.pop_front();
-      continue;
-    }
-    constexpr std::size_t header_bytes = sizeof(wire_header);
-    const std::size_t total = header_bytes + f.bytes;
-    if (done < header_bytes)
-      done +=
-          l.shm->write_some(reinterpret_cast<const char*>(&f.header) + done, header_bytes - done);
-    if (done >= header_bytes && done < total)
-      done += l.shm->write_some(static_cast<const char*>(f.payload) + (done - header_bytes),
-                                total - done);
-    if (done < total) {
-      // The ring is full: the frame goes on once the peer has read. It is
-      // in progress (batch 1): a failed call's cancel leaves it be.
-      l.batch = 1;
-      if (f.item) f.item->in_flight = true;
-      l.shm->flush();
-      if (l.shm->writable()) continue;
-      l.shm_writer_blocked = true;
-      return;
-    }
-    done = 0;
-    l.batch = 0;
-    l.bytes_written += total;
-    io_item* it = f.item;
-    const std::size_t bytes = f.bytes;
-    l.frames.pop_front();
-    if (!it) continue;
-    it->in_flight = false;
-    it->written += bytes;
-    if (!it->finished() && (!it->staged || it->written == it->bytes)) complete(*it);
-    it->op->wake();  // also when its op is draining
-  }
-  l.shm->flush();
-}
-
-// Reading: waits until the ring from the peer holds bytes; throws once
-// the link is closed here (operation_aborted) or the peer is gone and
-// everything it wrote has been read (eof), as a socket read would.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::shm_readable(peer_link& l) {
-  asio::steady_timer wake(l.socket.get_executor(), detail::clock::time_point::max());
-  struct forget {
-    peer_link& l;
-    ~forget() {
-      l.shm_wake = nullptr;
-      l.shm_reader_waiting = false;
-    }
-  } guard{l};
-  for (;;) {
-    if (!l.socket.is_open()) throw asio::system_error(asio::error::operation_aborted);
-    if (l.shm->readable()) co_return;
-    if (l.shm_peer_gone) throw asio::system_error(asio::error::eof);
-    // Every frame read so far is handled: the arena's holder may go on,
-    // and an op that woke this reader polls again.
-    for (arena_seat& seat : arenas_)
-      if (seat.reading_rings && seat.first) seat.first->wake();
-    for (op_state* op = ops_; op; op = op->next_op)
-      if (std::exchange(op->polls_after_readers, false)) op->wake();
-    l.shm_wake = &wake;
-    l.shm_reader_waiting = true;
-    co_await wake.async_wait(detail::use_task);
-    l.shm_wake = nullptr;
-    l.shm_reader_waiting = false;
-    wake.expires_at(detail::clock::time_point::max());
-  }
-}
-
 // While a peer's reader waits between frames with nothing staged, the
 // eager messages its ring holds whole are taken here, by the op that polls
 // (spin_shm) or the doorbell's listener, as read_frames would take them:
@@ -200,16 +113,17 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::shm_readable(p
 // the reader. Whether a message taken woke an op other than `spinner`
 // (whose handler then waits for the scheduler): the spinner's own receives
 // only need its condition looked at again.
-inline bool transport::read_eager_inline(peer_link& l, int peer, const op_state* spinner) {
+inline bool transport::read_eager_inline(peer_link& l, shm_link& s, int peer,
+                                         const op_state* spinner) {
   bool woke = false;
-  while (l.shm_between_frames && l.shm_reader_waiting && l.begin == l.end && l.socket.is_open()) {
+  while (l.between_frames && s.reader_waiting && l.begin == l.end && s.open()) {
     wire_header h;
-    if (!l.shm->peek(&h, sizeof h) || h.magic != wire_magic || h.kind != msg_kind::eager ||
-        l.shm->readable_bytes() - sizeof h < h.bytes)
+    if (!s.ring.peek(&h, sizeof h) || h.magic != wire_magic || h.kind != msg_kind::eager ||
+        s.ring.readable_bytes() - sizeof h < h.bytes)
       break;
-    l.shm->read_some(nullptr, sizeof h);
+    s.ring.read_some(nullptr, sizeof h);
     const payload_target t = eager_target(l, peer, h);
-    l.shm->read_some(t.dst, h.bytes);  // no target: dropped (or refused: its op failed)
+    s.ring.read_some(t.dst, h.bytes);  // no target: dropped (or refused: its op failed)
     if (t.item) {
       t.item->arrived += h.bytes;
       complete(*t.item);
@@ -230,72 +144,16 @@ inline bool transport::read_eager_inline(peer_link& l, int peer, const op_state*
 inline bool transport::poll_shm(const op_state* spinner) {
   bool any = false;
   for (int p : shm_peers_) {
-    peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (read_eager_inline(l, p, spinner)) any = true;
-    if (l.shm_reader_waiting && (l.shm->readable() || l.shm_peer_gone)) {
-      l.shm_reader_waiting = false;
-      if (l.shm_wake) l.shm_wake->cancel();
-      any = true;
-    }
-    if (l.shm_writer_blocked && l.socket.is_open() && l.shm->writable()) {
-      l.shm_writer_blocked = false;
-      shm_write(p);
+    shm_link& s = *shm_of(p);
+    if (read_eager_inline(*links_[static_cast<std::size_t>(p)], s, p, spinner)) any = true;
+    if (s.wake_reader()) any = true;
+    if (s.writer_blocked && s.open() && s.ring.writable()) {
+      s.writer_blocked = false;
+      start_write(p);
       any = true;
     }
   }
   return any;
-}
-
-// Nothing is written to the socket of a shared memory link: it becomes
-// readable only when the peer closes it or dies. Readiness can be spurious
-// where several threads run the io_context (one of them may handle a
-// readiness event of the socket's after this wait began that was true
-// before it: a socket not yet connected reports a hang-up): a peek that
-// would block means the peer is still there.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::watch_shm_peer(
-    std::shared_ptr<transport> self, int peer) {
-  peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
-  asio::error_code ec;
-  for (;;) {
-    std::tie(ec) = co_await l.socket.async_wait(asio::socket_base::wait_read, detail::use_task);
-    if (ec) break;
-    wire_header h;
-    const auto n = ::recv(l.socket.native_handle(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    // A peer that left start-up before its transport ran said why on the
-    // socket (mesh_detail::say_goodbye, transport::leave_start_up): its
-    // goodbye names the culprit, as one through the ring would.
-    if (!l.said_bye && n == static_cast<ssize_t>(sizeof h) && h.magic == wire_magic &&
-        h.kind == msg_kind::bye) {
-      l.said_bye = true;
-      std::tie(l.bye_reason, l.bye_culprit) = read_goodbye(h, self->world_);
-    }
-    break;
-  }
-  l.shm_peer_gone = true;
-  if (l.shm_reader_waiting) {
-    l.shm_reader_waiting = false;
-    if (l.shm_wake) l.shm_wake->cancel();
-  }
-  // A writer waiting for room that a gone peer will never make.
-  if (l.shm_writer_blocked && !l.lost && !ec)
-    self->lose_link(peer, "writing to it failed: it closed the connection");
-}
-
-// Start-up failed here after the transport started: goodbyes name the
-// rank `failure` blames. Peers still in their own start-up watch only the
-// socket (mesh_detail::watch), so a shared memory link's goodbye also goes
-// there; nothing else is ever sent on that socket, so it goes out at once.
-inline void transport::leave_start_up(const std::exception_ptr& failure) {
-  auto [reason, culprit] = mesh_detail::cause_of(failure);
-  note_cause(reason, culprit);
-  const wire_header bye = goodbye(first_reason_, first_culprit_);
-  for (int p : shm_peers_) {
-    peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (!l.socket.is_open()) continue;
-    [[maybe_unused]] auto sent =
-        ::send(l.socket.native_handle(), &bye, sizeof bye, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
 }
 
 // This rank's doorbell: while no operation polls, a peer that writes to
@@ -412,7 +270,7 @@ inline void transport::settle_bell() {
 inline void transport::close_bell_if_unused() {
   if (!bell_ || !bell_->is_open()) return;
   for (int p : shm_peers_)
-    if (links_[static_cast<std::size_t>(p)]->socket.is_open()) return;
+    if (shm_of(p)->open()) return;
   asio::error_code ignored;
   bell_->close(ignored);
 }
@@ -420,66 +278,25 @@ inline void transport::close_bell_if_unused() {
 // --- single copy (shm/single_copy.hpp) ---
 
 inline bool transport::may_read(int p) {
-  using direct = peer_link::direct_reads;
-  peer_link& l = *links_[static_cast<std::size_t>(p)];
-  if (!l.shm || !options_.shm_single_copy || l.shm_direct == direct::refused) return false;
-  if (l.shm_direct == direct::untried) {
-    l.shm_direct = shm::is_reachable(shm_->identity(l.shm_local), shm_->base()) ? direct::allowed
-                                                                                : direct::refused;
-    if (l.shm_direct == direct::refused)
-      log(detail::log_level::info, "rank " + std::to_string(rank_) + " cannot read rank " +
-                                       std::to_string(p) +
-                                       "'s memory (process_vm_readv): its large messages and "
-                                       "collectives go through shared memory in two copies");
-  }
-  return l.shm_direct == direct::allowed;
+  shm_link* s = shm_of(p);
+  return s && s->may_read();
 }
 
 inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t from, std::size_t n) {
-  peer_link& l = *links_[static_cast<std::size_t>(p)];
+  shm_link& s = *shm_of(p);
   const int saved = errno;
-  const auto read = shm::read_process(
-      shm_->identity(l.shm_local).pid.load(std::memory_order_relaxed), to, from, n);
+  const auto read = s.read_memory(to, from, n);
   const int why = read == shm::read_result::done ? 0 : errno;
   errno = saved;
-  if (!why) l.bytes_read_directly += n;
-  if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
   if (why == ESRCH) {  // its process is gone (its link will say so too)
     if (op.lost_rank < 0) op.lost_rank = p;
     note_cause(fail_reason::peer_lost, p);
     std::rethrow_exception(make_error(
         errc::peer_lost, op, "rank " + std::to_string(p),
         "its process is gone (process_vm_readv: " + std::generic_category().message(why) + ")",
-        l.address));
+        links_[static_cast<std::size_t>(p)]->address));
   }
   return why;
-}
-
-// A large message from a peer of this host, offered at rts.cookie2: read
-// into the receive's buffer at once. False: it goes through the ring (the
-// kernel refused, the peer is not the process its identity says, or the
-// peer withdrew an offer meanwhile, perhaps this one: then what was read
-// may be torn, and the ring brings it again if the send still stands).
-inline bool transport::read_directly(peer_link& l, io_item& it, const wire_header& rts) {
-  if (!it.bytes || !may_read(it.peer)) return false;
-  const shm::process_identity& peer = shm_->identity(l.shm_local);
-  const auto read = shm::read_process(peer.pid.load(std::memory_order_relaxed), it.recv_buffer,
-                                      rts.cookie2, it.bytes);
-  if (read == shm::read_result::refused) l.shm_direct = peer_link::direct_reads::refused;
-  if (read != shm::read_result::done) return false;
-  l.bytes_read_directly += it.bytes;
-  // The reads above come before this look: unless the count moved, the
-  // sender still held the buffer after them.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return l.shm->withdrawn_by_peer() == rts.extra;
-}
-
-// A send whose buffer a peer may be reading leaves awaiting_cts without its
-// answer (its call failed, the link closed): say so before the buffer goes
-// back to the caller.
-inline void transport::withdraw_offer(peer_link& l, io_item& it) {
-  if (it.offered && l.shm) l.shm->withdraw();
-  it.offered = false;
 }
 
 // --- the arenas (cpu/algorithms/shm_arena.hpp) ---
@@ -490,7 +307,8 @@ inline transport::arena_seat* transport::arena_of(const group_state& g) {
     if (seat.group == g.id) return &seat;
   if (g.id == 0) return nullptr;  // the world spans hosts
   for (int p : g.ranks)
-    if (p != rank_ && !shm_link(p)) return nullptr;
+    if (p != rank_ && !links_[static_cast<std::size_t>(p)]->link->abilities.host_arena)
+      return nullptr;
   // Every member is on this host, linked through the segment. The claim's
   // key is never 0 (a free claim); a group id of 0 is the world's.
   const std::size_t i = shm::claim_arena(shm_->claims(), g.id);
@@ -514,6 +332,16 @@ inline void transport::leave_arena(arena_seat& seat, op_state& op) {
   op.on_arena = false;
   seat.reading_rings = false;
   if (!before && seat.first) seat.first->wake();  // its turn
+}
+
+// A reader of a ring handled every frame it read: the arena's holder
+// waiting for the rings may go on, and an op that woke the reader polls
+// again.
+inline void transport::reader_idle() {
+  for (arena_seat& seat : arenas_)
+    if (seat.reading_rings && seat.first) seat.first->wake();
+  for (op_state* op = ops_; op; op = op->next_op)
+    if (std::exchange(op->polls_after_readers, false)) op->wake();
 }
 
 inline void transport::wake_arena_holder() {
@@ -542,11 +370,9 @@ inline bool transport::arena_peer_gone(op_state& op, int peer) {
 // call, not the next one. (The mark is the link's, not the arena's: a
 // step of another group's arena that notes later only asks for more.)
 inline void transport::note_arena_rings(const op_state& op) {
-  for (int p : op.members) {
-    if (p == rank_ || !shm_link(p)) continue;
-    peer_link& l = *links_[static_cast<std::size_t>(p)];
-    l.shm_read_before_step = l.shm->peer_written();
-  }
+  for (int p : op.members)
+    if (shm_link* s = p == rank_ ? nullptr : shm_of(p))
+      s->read_before_step = s->ring.peer_written();
 }
 
 // Whether the readers have read that far. A reader handles what it read
@@ -554,10 +380,9 @@ inline void transport::note_arena_rings(const op_state& op) {
 // this executor: once the bytes are read, their frames are handled.
 inline bool transport::arena_rings_read(arena_seat& seat, const op_state& op) {
   for (int p : op.members) {
-    if (p == rank_ || !shm_link(p)) continue;
-    peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (l.lost || l.shm_peer_gone || !l.socket.is_open()) continue;
-    if (l.shm->consumed() < l.shm_read_before_step) {
+    shm_link* s = p == rank_ ? nullptr : shm_of(p);
+    if (!s || links_[static_cast<std::size_t>(p)]->lost || s->peer_gone || !s->open()) continue;
+    if (s->ring.consumed() < s->read_before_step) {
       seat.reading_rings = true;
       return false;
     }

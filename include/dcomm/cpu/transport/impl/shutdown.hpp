@@ -4,15 +4,13 @@
 // cpu/transport/transport.hpp.
 #pragma once
 
-#include <sys/ioctl.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "dcomm/cpu/transport/transport.hpp"
@@ -63,15 +61,11 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
   const bool late = detail::clock::now() >= cut;
   bool open = false;
   for (auto& l : links_) {
-    if (!l->socket.is_open()) continue;
+    if (!l->link->open()) continue;
     if (l->batch == 0 && l->frames.empty()) {
-      asio::error_code ignored;
-      if (!l->shut) {
-        socket_goodbye(*l);
-        l->socket.shutdown(detail::ip_tcp::socket::shutdown_send, ignored);
-      }
+      if (!l->shut) l->link->shut_for_sending(goodbye(first_reason_, first_culprit_));
       l->shut = true;
-      if (unacknowledged(*l) == 0 || late) {
+      if (l->link->unacknowledged() == 0 || late) {
         close_link(*l);
         continue;
       }
@@ -88,18 +82,6 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
   });
 }
 
-// Bytes written to the link that its peer has not acknowledged yet.
-// (Over shared memory: written to the ring and not read yet.)
-inline std::size_t transport::unacknowledged(peer_link& l) {
-  if (l.shm) return l.shm->unread_by_peer();
-#ifdef TIOCOUTQ
-  int n = 0;
-  if (::ioctl(l.socket.native_handle(), TIOCOUTQ, &n) == 0 && n > 0)
-    return static_cast<std::size_t>(n);
-#endif
-  return 0;
-}
-
 // After close(): the last link is closed.
 inline void transport::closed_all() {
   if (auto timer = close_timer_.lock()) timer->cancel();
@@ -111,49 +93,42 @@ inline void transport::say_goodbye() {
   const wire_header b = goodbye(first_reason_, first_culprit_);
   for (int p = 0; p < world_; ++p) {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
-    if (p == rank_ || l.lost || !l.socket.is_open()) continue;
+    if (p == rank_ || l.lost || !l.link->open()) continue;
     l.frames.push_back({b, nullptr, 0, nullptr});
     start_write(p);
   }
 }
 
-// A shared memory link's goodbye went through its ring; its socket gets
-// one too, for a peer still in its mesh, which watches only the socket
-// (cpu/startup/mesh_acceptance.hpp): gone in order, or because of whom. Once, and
-// before the socket is shut for sending (a send after that fails); only
-// once every frame is in the ring, which the peer reads to the end.
-inline void transport::socket_goodbye(peer_link& l) {
-  if (!l.shm || l.lost || l.shut || l.socket_bye_sent) return;
-  l.socket_bye_sent = true;
-  const wire_header b = goodbye(first_reason_, first_culprit_);
-  [[maybe_unused]] const auto sent =
-      ::send(l.socket.native_handle(), &b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL);
+// Closes the link at once (a goodbye on the side, where its kind sends one
+// and it was not lost); the doorbell goes with the last link that needs it.
+inline void transport::close_link(peer_link& l) {
+  if (!l.link->open()) return;
+  const wire_header bye = goodbye(first_reason_, first_culprit_);
+  l.link->close(l.lost ? nullptr : &bye);
+  close_bell_if_unused();
+  if (closed_ &&
+      std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->link->open(); }))
+    closed_all();
 }
 
-inline void transport::close_link(peer_link& l) {
-  asio::error_code ignored;
-  if (!l.socket.is_open()) return;
-  socket_goodbye(l);
-  l.socket.shutdown(detail::ip_tcp::socket::shutdown_both, ignored);
-  l.socket.close(ignored);
-  if (l.shm) {
-    // A frame half written stays so: its send is no longer in progress
-    // (a socket's write would end with an error here). Its reader stops
-    // (shm_readable), and with the last such link the doorbell's listener.
-    if (l.shm_frame_written > 0 && !l.frames.empty())
-      if (io_item* it = l.frames.front().item) {
-        it->in_flight = false;
-        it->op->wake();
-      }
-    l.shm_frame_written = 0;
-    l.batch = 0;
-    l.shm_writer_blocked = false;
-    if (l.shm_wake) l.shm_wake->cancel();
-    close_bell_if_unused();
-  }
-  if (closed_ &&
-      std::none_of(links_.begin(), links_.end(), [](auto& k) { return k->socket.is_open(); }))
-    closed_all();
+// Start-up failed here after the transport started: goodbyes name the
+// rank `failure` blames, also where a peer still in its own start-up
+// watches only the mesh's socket (mesh_detail::watch).
+inline void transport::leave_start_up(const std::exception_ptr& failure) {
+  auto [reason, culprit] = mesh_detail::cause_of(failure);
+  note_cause(reason, culprit);
+  const wire_header bye = goodbye(first_reason_, first_culprit_);
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) links_[static_cast<std::size_t>(p)]->link->goodbye_to_mesh(bye);
+}
+
+// A goodbye the link heard outside its frames: one that came in them
+// says more (it is the last frame, after everything the peer sent).
+inline void transport::heard_goodbye(int peer, const wire_header& bye) {
+  peer_link& l = *links_[static_cast<std::size_t>(peer)];
+  if (l.said_bye) return;
+  l.said_bye = true;
+  std::tie(l.bye_reason, l.bye_culprit) = read_goodbye(bye, world_);
 }
 
 // The connection to `peer` is gone: everything that needs it fails.
