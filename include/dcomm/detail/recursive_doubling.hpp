@@ -1,11 +1,16 @@
 // Recursive doubling, the schedule of the small all_reduce, written once for
 // the backends that run it over their own messages (the CPU backend's
 // cpu/algorithms/all_reduce.hpp, the MPI backend's mpi/impl/all_reduce.hpp).
-//   Among n ranks, p the largest power of two not above n: ranks p and up
-//   fold into rank - p first (their value combined into its) and get the
-//   result from it last; ranks below p swap values with partner
-//   rank ^ mask, mask = 1, 2, ..., p / 2, combining each time.
-//   log2(p) rounds (two more for a folded rank).
+//   Among n ranks, p the largest power of two not above n and e = n - p:
+//   ranks below e fold into rank + p first (their value combined into its)
+//   and get the result from it last; the p ranks from e up swap values
+//   with the rank whose index among them (rank - e) differs in bit k, in
+//   round k, combining each time. log2(p) rounds (two more for a folded
+//   rank). The lowest ranks fold so that every rank's first step sends but
+//   the top e's (which receive a fold): a rank whose call differs from
+//   the others' is seen at once by the ranks its messages reach (the CPU
+//   backend's ranks waiting in a host's arena, for one); rank 0 always
+//   sends first.
 // Every combine puts the lower rank's value first, op(lower, higher), on
 // both sides, so every rank ends with the same bits, whatever the operator.
 #pragma once
@@ -39,18 +44,19 @@ task<void> recursive_doubling(Exchange& x, int n, int me) {
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int extra = n - p;
-  if (me >= p) {
-    co_await x.give(me - p, doubling_fold_step);
-    co_await x.take(me - p, doubling_unfold_step);
+  if (me < extra) {
+    co_await x.give(me + p, doubling_fold_step);
+    co_await x.take(me + p, doubling_unfold_step);
     co_return;
   }
-  if (me < extra && co_await x.receive(me + p, doubling_fold_step)) x.combine(me + p);
+  const bool absorbs = me >= p;  // the fold of rank me - p
+  if (absorbs && co_await x.receive(me - p, doubling_fold_step)) x.combine(me - p);
   std::uint32_t step = 1;
   for (int mask = 1; mask < p; mask <<= 1, ++step) {
-    const int partner = me ^ mask;
+    const int partner = ((me - extra) ^ mask) + extra;
     if (co_await x.swap(partner, step)) x.combine(partner);
   }
-  if (me < extra) co_await x.give(me + p, doubling_unfold_step);
+  if (absorbs) co_await x.give(me - p, doubling_unfold_step);
 }
 
 }  // namespace dcomm::detail
