@@ -118,7 +118,7 @@ run_tests() {
   # and not instrumented: the g++ build alone compiles against it (its
   # headers cost a minute per translation unit).
   local builds=(
-    "gcc|g++|-Dwerror=true -Dbuildtype=debug||"
+    "gcc|g++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
     "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
     "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc"

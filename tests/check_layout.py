@@ -18,6 +18,10 @@
    strings blanked (functions(), below): a lambda counts in its function.
 7. A header that includes an Asio header includes detail/asio_config.hpp
    (or detail/asio.hpp, which does) before it: Asio configured one way.
+8. Every header's separate-compilation block (its DCOMM_INSTANTIATE lines,
+   tools/separate_compilation.py) lists the coroutines it declares
+   DCOMM_EMIT_ON_USE: a stale block would compile a new coroutine in every
+   user's translation unit, or declare one that is gone.
 
 Run from anywhere: check_layout.py <repository root>. Prints each breach
 and exits 1 if there is one.
@@ -44,6 +48,7 @@ FLOORS = [
     (2, 'dcomm/cpu/'), (2, 'dcomm/nccl/'), (2, 'dcomm/mpi/'), (2, 'dcomm/shm/'), (2, 'dcomm/trace/'),
     (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/mpi.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
+    (6, 'dcomm/impl/src.hpp'),  # the separate-compilation library: everything
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
     (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
     (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'), (5, 'dcomm/rpc.hpp'), (5, 'dcomm/rpc/'),
@@ -235,6 +240,12 @@ def main(root):
         for p in sorted((root / folder).rglob('*')):
             if p.suffix in ('.hpp', '.cpp'):
                 breaches += [b.replace(str(root) + '/', '') for b in long_functions(p)]
+    sys.path.insert(0, str(root / 'tools'))
+    import separate_compilation
+    for h in separate_compilation.closure(inc, separate_compilation.ENTRY):
+        if separate_compilation.stale(inc / h):
+            breaches.append(f'{h}: its separate-compilation block is stale '
+                            '(run tools/separate_compilation.py)')
     for b in breaches:
         print('layout:', b)
     print(f'{len(headers)} headers checked, {len(breaches)} breaches')

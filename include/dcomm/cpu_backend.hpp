@@ -47,30 +47,7 @@ class cpu_backend {
   // context: the backend's state is not locked.
   DCOMM_EMIT_ON_USE static asio::awaitable<std::shared_ptr<cpu_backend>> create(
       std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
-      options o, detail::clock::time_point deadline) {
-    auto ex = co_await asio::this_coro::executor;
-    cpu::dispatcher dispatch(o);  // DCOMM_ALGO refused before any connection
-    const std::string bind = o.bind_host.str();
-    cpu::mesh_options mesh{
-        .purpose = "tcp_backend",  // the handshake's name for this mesh
-        .job_token = std::move(job_token),
-        .bind_host = bind,
-        .advertise_host = cpu::advertised_address(ex, o.advertise_host.str(), bind, store_host)};
-    std::string address = mesh.advertise_host;
-    const cpu::shm_options shm{
-        .links = cpu::parse_link_choice(o.transport),
-        .sizes = cpu::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
-        .host_id = o.host_id.str()};
-    auto net = co_await cpu::connect_transport(std::move(s), rank, world, std::move(mesh),
-                                               {.eager_limit = o.eager_limit,
-                                                .shm_spin = o.shm_spin,
-                                                .shm_single_copy = o.shm_single_copy},
-                                               deadline, shm);
-    auto b =
-        std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, std::move(dispatch)));
-    b->address_ = std::move(address);
-    co_return b;
-  }
+      options o, detail::clock::time_point deadline);
 
   cpu_backend(const cpu_backend&) = delete;
   cpu_backend& operator=(const cpu_backend&) = delete;
@@ -169,53 +146,8 @@ class cpu_backend {
                      int) {}
 
   // --- point to point ---
-  DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer) {
-    if (staging_.sliced(in)) {
-      // One message; its data goes as the slices reach the host. It is
-      // announced before anything is awaited: a later send with the same
-      // tag must not overtake it.
-      cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
-      cpu::io_item* message = nullptr;
-      co_await staging_.sliced_call(
-          c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index,
-          dcomm::name(ctx.operation),
-          [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
-          [&](const cpu::slice& s) -> detail::task<void> {
-            c.ready(*message, s.end);
-            co_return;
-          });
-      co_return;
-    }
-    if (cpu::staging::needed(in)) {
-      co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
-      co_return;
-    }
-    cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
-    co_await c.run([&] { c.send(peer, 0, in.data, in.bytes()); });
-  }
-  DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer) {
-    if (staging_.sliced(out)) {
-      // Each slice goes to the device as soon as it has arrived.
-      cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
-      cpu::io_item* message = nullptr;
-      co_await staging_.sliced_call(
-          c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index,
-          dcomm::name(ctx.operation),
-          [&](char* host, std::size_t slice_bytes) {
-            message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
-          },
-          [&](const cpu::slice& s) -> detail::task<void> {
-            co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
-          });
-      co_return;
-    }
-    if (cpu::staging::needed(out)) {
-      co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
-      co_return;
-    }
-    cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
-    co_await c.run([&] { c.recv(peer, 0, out.data, out.bytes()); });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
+  DCOMM_EMIT_ON_USE detail::task<void> recv(op_context ctx, tensor_view out, int peer);
 
   // --- collectives ---
   // Each runs a CUDA tensor slice by slice where it can (send, recv,
@@ -223,214 +155,46 @@ class cpu_backend {
   // of itself (cpu/staging.hpp); the host form meets in its group's arena or
   // runs a message algorithm, as the dispatch (cpu/algorithms/dispatch.hpp)
   // chooses.
-  DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx) {
-    const bool arena = in_arena(ctx, operation::barrier, 0);
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::barrier, arena));
-    if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
-      // Three coroutine frames fewer where every rank arrives within one spin.
-      cpu::arena_call a(c);
-      if (!c.at_once([&] { return cpu::dispatcher::arena_barrier_at_once(a); }))
-        co_await c.run([&] { return cpu::dispatcher::arena_barrier(a); });
-      co_return;
-    }
-    co_await c.run([&] { return dispatch_.barrier(c); });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> barrier(op_context ctx);
 
   // `staged`: the host copy of a CUDA tensor (never in the arena: its call
   // starts late, out of the order the arena's calls keep).
   DCOMM_EMIT_ON_USE detail::task<void> broadcast(op_context ctx, tensor_view buf, int root,
-                                                 bool staged = false) {
-    const bool is_root = ctx.group->rank == root;
-    if (staging_.sliced(buf) && ctx.group->size() > 1) {
-      const cpu::slice_plan plan = staging_.plan(buf);
-      cpu::call c(
-          *net_, ctx, true,
-          sig(ctx, operation::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices));
-      co_await staging_.sliced_call(
-          c, ctx.deadline, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
-          buf.device.index, dcomm::name(ctx.operation), cpu::staging::no_start,
-          [&](const cpu::slice& s) { return dispatch_.broadcast(c, s.host, s.bytes(), root); });
-      co_return;
-    }
-    if (cpu::staging::needed(buf)) {
-      co_await staging_.whole({}, buf, {.initial = is_root},
-                              [&](auto, auto b) { return broadcast(ctx, b, root, true); });
-      co_return;
-    }
-    const bool arena = !staged && in_arena(ctx, operation::broadcast, buf.bytes());
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::broadcast, arena, buf.type, buf.count, root));
-    co_await c.run([&]() -> detail::task<void> {
-      if (arena)
-        co_await cpu::dispatcher::arena_broadcast(c, buf.data, buf.bytes(), root);
-      else if (c.size() > 1)
-        co_await dispatch_.broadcast(c, buf.data, buf.bytes(), root);
-    });
-  }
+                                                 bool staged = false);
 
   DCOMM_EMIT_ON_USE detail::task<void> reduce(op_context ctx, const_tensor_view in, tensor_view out,
-                                              reducer op, int root, bool staged = false) {
-    const bool in_place = in.data == out.data;
-    if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
-      const cpu::slice_plan plan = staging_.plan(in);
-      cpu::call c(*net_, ctx, true,
-                  sig(ctx, operation::reduce, false, in.type, in.count, root, &op, plan.slices));
-      // In place on a slice of the block: the result goes back to the
-      // root's output, and to a non-root's buffer only if it is also its
-      // input (which the host algorithm may have used).
-      const bool back = ctx.group->rank == root || in_place;
-      co_await staging_.sliced_call(
-          c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index,
-          dcomm::name(ctx.operation), cpu::staging::no_start, [&](const cpu::slice& s) {
-            return dispatch_.reduce(c, s.host, s.host, s.count, in.type, op, root);
-          });
-      co_return;
-    }
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
-                              [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
-      co_return;
-    }
-    const bool arena = !staged && in_arena(ctx, operation::reduce, in.bytes());
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::reduce, arena, in.type, in.count, root, &op));
-    co_await c.run([&] {
-      if (arena)
-        return cpu::dispatcher::arena_reduce(c, in.data, out.data, in.count, in.type, op, root);
-      return dispatch_.reduce(c, in.data, out.data, in.count, in.type, op, root);
-    });
-  }
+                                              reducer op, int root, bool staged = false);
 
   DCOMM_EMIT_ON_USE detail::task<void> all_reduce(op_context ctx, const_tensor_view in,
-                                                  tensor_view out, reducer op,
-                                                  bool staged = false) {
-    const bool in_place = in.data == out.data;
-    if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
-      const cpu::slice_plan plan = staging_.plan(out);
-      cpu::call c(
-          *net_, ctx, true,
-          sig(ctx, operation::all_reduce, false, out.type, out.count, -1, &op, plan.slices));
-      co_await staging_.sliced_call(
-          c, ctx.deadline, plan, in.data, out.data, out.device.index, dcomm::name(ctx.operation),
-          cpu::staging::no_start, [&](const cpu::slice& s) {
-            return dispatch_.all_reduce(c, s.host, s.host, s.count, out.type, op);
-          });
-      co_return;
-    }
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {.in_place = in_place},
-                              [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
-      co_return;
-    }
-    const bool arena = !staged && in_arena(ctx, operation::all_reduce, out.bytes());
-    cpu::call c(*net_, ctx, true,
-                sig(ctx, operation::all_reduce, arena, out.type, out.count, -1, &op));
-    if (arena && !c.state().failure) {  // as barrier's
-      using cpu::dispatcher;
-      cpu::arena_call a(c);
-      const std::size_t n = out.count;
-      const dtype t = out.type;
-      if (!c.at_once(
-              [&] { return dispatcher::arena_all_reduce_at_once(a, in.data, out.data, n, t, op); }))
-        co_await c.run(
-            [&] { return dispatcher::arena_all_reduce(c, a, in.data, out.data, n, t, op); });
-      co_return;
-    }
-    co_await c.run(
-        [&] { return dispatch_.all_reduce(c, in.data, out.data, out.count, out.type, op); });
-  }
+                                                  tensor_view out, reducer op, bool staged = false);
 
   // in: n blocks (root only); out: one block.
   DCOMM_EMIT_ON_USE detail::task<void> scatter(op_context ctx, const_tensor_view in,
-                                               tensor_view out, int root) {
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {},
-                              [&](auto i, auto o) { return scatter(ctx, i, o, root); });
-      co_return;
-    }
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::scatter, false, out.type, out.count, root));
-    co_await c.run([&] { return dispatch_.scatter(c, in.data, out.data, out.bytes(), root); });
-  }
+                                               tensor_view out, int root);
 
   // in: one block; out: n blocks (root only).
   DCOMM_EMIT_ON_USE detail::task<void> gather(op_context ctx, const_tensor_view in, tensor_view out,
-                                              int root) {
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
-                              [&](auto i, auto o) { return gather(ctx, i, o, root); });
-      co_return;
-    }
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::gather, false, in.type, in.count, root));
-    co_await c.run([&] { return dispatch_.gather(c, in.data, out.data, in.bytes(), root); });
-  }
+                                              int root);
 
   DCOMM_EMIT_ON_USE detail::task<void> all_gather(op_context ctx, const_tensor_view in,
-                                                  tensor_view out, bool staged = false) {
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {},
-                              [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
-      co_return;
-    }
-    const bool arena = !staged && in_arena(ctx, operation::all_gather, out.bytes());
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather, arena, in.type, in.count));
-    co_await c.run([&] {
-      if (arena) return cpu::dispatcher::arena_all_gather(c, in.data, out.data, in.bytes());
-      return dispatch_.all_gather(c, in.data, out.data, in.count, in.type);
-    });
-  }
+                                                  tensor_view out, bool staged = false);
 
   // in: n blocks; out: one block (may be in's block r).
   DCOMM_EMIT_ON_USE detail::task<void> reduce_scatter(op_context ctx, const_tensor_view in,
-                                                      tensor_view out, reducer op) {
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {},
-                              [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
-      co_return;
-    }
-    cpu::call c(*net_, ctx, true,
-                sig(ctx, operation::reduce_scatter, false, out.type, out.count, -1, &op));
-    co_await c.run(
-        [&] { return dispatch_.reduce_scatter(c, in.data, out.data, out.count, out.type, op); });
-  }
+                                                      tensor_view out, reducer op);
 
   // in, out: n blocks each; they do not overlap (the in-place form, in ==
   // out, stages them apart; the communicator copies host tensors apart).
   DCOMM_EMIT_ON_USE detail::task<void> all_to_all(op_context ctx, const_tensor_view in,
-                                                  tensor_view out) {
-    if (cpu::staging::needed(in, out)) {
-      co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
-      co_return;
-    }
-    const std::size_t n = static_cast<std::size_t>(ctx.group->size());
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all, false, in.type, in.count / n));
-    co_await c.run([&] { return dispatch_.all_to_all(c, in.data, out.data, in.bytes() / n); });
-  }
+                                                  tensor_view out);
 
   DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_gather_v(op_context ctx,
                                                                         const_tensor_view in,
-                                                                        output_allocator alloc) {
-    if (cpu::staging::needed(in))
-      co_return co_await staging_.whole(
-          in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather_v, false, in.type, 0));
-    std::vector<std::size_t> counts;
-    co_await c.run(
-        [&]() -> detail::task<void> { counts = co_await dispatch_.all_gather_v(c, in, alloc); });
-    co_return counts;
-  }
+                                                                        output_allocator alloc);
 
   DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> all_to_all_v(
       op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
-      output_allocator alloc) {
-    if (cpu::staging::needed(in))
-      co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
-        return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
-      });
-    cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all_v, false, in.type, 0));
-    std::vector<std::size_t> counts;
-    co_await c.run([&]() -> detail::task<void> {
-      counts = co_await dispatch_.all_to_all_v(c, in, send_counts, alloc);
-    });
-    co_return counts;
-  }
+      output_allocator alloc);
 
   const options& settings() const { return o_; }
 
@@ -479,6 +243,309 @@ class cpu_backend {
   std::string address_;       // the one its peers were given
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::create(std::shared_ptr<store> s, int rank, int world,
+                                                      std::string job_token, std::string store_host,
+                                                      options o, detail::clock::time_point deadline)
+    -> asio::awaitable<std::shared_ptr<cpu_backend>> {
+  auto ex = co_await asio::this_coro::executor;
+  cpu::dispatcher dispatch(o);  // DCOMM_ALGO refused before any connection
+  const std::string bind = o.bind_host.str();
+  cpu::mesh_options mesh{
+      .purpose = "tcp_backend",  // the handshake's name for this mesh
+      .job_token = std::move(job_token),
+      .bind_host = bind,
+      .advertise_host = cpu::advertised_address(ex, o.advertise_host.str(), bind, store_host)};
+  std::string address = mesh.advertise_host;
+  const cpu::shm_options shm{
+      .links = cpu::parse_link_choice(o.transport),
+      .sizes = cpu::checked({.ring_bytes = o.shm_ring_bytes, .slot_bytes = o.shm_slot_bytes}),
+      .host_id = o.host_id.str()};
+  auto net = co_await cpu::connect_transport(
+      std::move(s), rank, world, std::move(mesh),
+      {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin, .shm_single_copy = o.shm_single_copy},
+      deadline, shm);
+  auto b =
+      std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, std::move(dispatch)));
+  b->address_ = std::move(address);
+  co_return b;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::send(op_context ctx, const_tensor_view in, int peer)
+    -> detail::task<void> {
+  if (staging_.sliced(in)) {
+    // One message; its data goes as the slices reach the host. It is
+    // announced before anything is awaited: a later send with the same
+    // tag must not overtake it.
+    cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
+    cpu::io_item* message = nullptr;
+    co_await staging_.sliced_call(
+        c, ctx.deadline, staging_.plan(in), in.data, nullptr, in.device.index,
+        dcomm::name(ctx.operation),
+        [&](char* host, std::size_t) { message = &c.send_staged(peer, 0, host, in.bytes()); },
+        [&](const cpu::slice& s) -> detail::task<void> {
+          c.ready(*message, s.end);
+          co_return;
+        });
+    co_return;
+  }
+  if (cpu::staging::needed(in)) {
+    co_await staging_.whole(in, {}, {}, [&](auto i, auto) { return send(ctx, i, peer); });
+    co_return;
+  }
+  cpu::call c(*net_, ctx, false, p2p_sig(in.type, in.count));
+  co_await c.run([&] { c.send(peer, 0, in.data, in.bytes()); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::recv(op_context ctx, tensor_view out, int peer)
+    -> detail::task<void> {
+  if (staging_.sliced(out)) {
+    // Each slice goes to the device as soon as it has arrived.
+    cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
+    cpu::io_item* message = nullptr;
+    co_await staging_.sliced_call(
+        c, ctx.deadline, staging_.plan(out), nullptr, out.data, out.device.index,
+        dcomm::name(ctx.operation),
+        [&](char* host, std::size_t slice_bytes) {
+          message = &c.recv_progress(peer, 0, host, out.bytes(), slice_bytes);
+        },
+        [&](const cpu::slice& s) -> detail::task<void> {
+          co_await c.wait_until([&] { return message->arrived >= s.end || c.done(*message); });
+        });
+    co_return;
+  }
+  if (cpu::staging::needed(out)) {
+    co_await staging_.whole({}, out, {}, [&](auto, auto o) { return recv(ctx, o, peer); });
+    co_return;
+  }
+  cpu::call c(*net_, ctx, false, p2p_sig(out.type, out.count));
+  co_await c.run([&] { c.recv(peer, 0, out.data, out.bytes()); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::barrier(op_context ctx) -> detail::task<void> {
+  const bool arena = in_arena(ctx, operation::barrier, 0);
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::barrier, arena));
+  if (arena && !c.state().failure) {  // (a failed call's run() never runs its body)
+    // Three coroutine frames fewer where every rank arrives within one spin.
+    cpu::arena_call a(c);
+    if (!c.at_once([&] { return cpu::dispatcher::arena_barrier_at_once(a); }))
+      co_await c.run([&] { return cpu::dispatcher::arena_barrier(a); });
+    co_return;
+  }
+  co_await c.run([&] { return dispatch_.barrier(c); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::broadcast(op_context ctx, tensor_view buf, int root,
+                                                         bool staged) -> detail::task<void> {
+  const bool is_root = ctx.group->rank == root;
+  if (staging_.sliced(buf) && ctx.group->size() > 1) {
+    const cpu::slice_plan plan = staging_.plan(buf);
+    cpu::call c(
+        *net_, ctx, true,
+        sig(ctx, operation::broadcast, false, buf.type, buf.count, root, nullptr, plan.slices));
+    co_await staging_.sliced_call(
+        c, ctx.deadline, plan, is_root ? buf.data : nullptr, is_root ? nullptr : buf.data,
+        buf.device.index, dcomm::name(ctx.operation), cpu::staging::no_start,
+        [&](const cpu::slice& s) { return dispatch_.broadcast(c, s.host, s.bytes(), root); });
+    co_return;
+  }
+  if (cpu::staging::needed(buf)) {
+    co_await staging_.whole({}, buf, {.initial = is_root},
+                            [&](auto, auto b) { return broadcast(ctx, b, root, true); });
+    co_return;
+  }
+  const bool arena = !staged && in_arena(ctx, operation::broadcast, buf.bytes());
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::broadcast, arena, buf.type, buf.count, root));
+  co_await c.run([&]() -> detail::task<void> {
+    if (arena)
+      co_await cpu::dispatcher::arena_broadcast(c, buf.data, buf.bytes(), root);
+    else if (c.size() > 1)
+      co_await dispatch_.broadcast(c, buf.data, buf.bytes(), root);
+  });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::reduce(op_context ctx, const_tensor_view in,
+                                                      tensor_view out, reducer op, int root,
+                                                      bool staged) -> detail::task<void> {
+  const bool in_place = in.data == out.data;
+  if (staging_.sliced(in) && (in_place || staging_.sliced(out))) {
+    const cpu::slice_plan plan = staging_.plan(in);
+    cpu::call c(*net_, ctx, true,
+                sig(ctx, operation::reduce, false, in.type, in.count, root, &op, plan.slices));
+    // In place on a slice of the block: the result goes back to the
+    // root's output, and to a non-root's buffer only if it is also its
+    // input (which the host algorithm may have used).
+    const bool back = ctx.group->rank == root || in_place;
+    co_await staging_.sliced_call(
+        c, ctx.deadline, plan, in.data, back ? out.data : nullptr, in.device.index,
+        dcomm::name(ctx.operation), cpu::staging::no_start, [&](const cpu::slice& s) {
+          return dispatch_.reduce(c, s.host, s.host, s.count, in.type, op, root);
+        });
+    co_return;
+  }
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {.initial = ctx.group->rank != root, .in_place = in_place},
+                            [&](auto i, auto o) { return reduce(ctx, i, o, op, root, true); });
+    co_return;
+  }
+  const bool arena = !staged && in_arena(ctx, operation::reduce, in.bytes());
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::reduce, arena, in.type, in.count, root, &op));
+  co_await c.run([&] {
+    if (arena)
+      return cpu::dispatcher::arena_reduce(c, in.data, out.data, in.count, in.type, op, root);
+    return dispatch_.reduce(c, in.data, out.data, in.count, in.type, op, root);
+  });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::all_reduce(op_context ctx, const_tensor_view in,
+                                                          tensor_view out, reducer op, bool staged)
+    -> detail::task<void> {
+  const bool in_place = in.data == out.data;
+  if (staging_.sliced(out) && (in_place || staging_.sliced(in))) {
+    const cpu::slice_plan plan = staging_.plan(out);
+    cpu::call c(*net_, ctx, true,
+                sig(ctx, operation::all_reduce, false, out.type, out.count, -1, &op, plan.slices));
+    co_await staging_.sliced_call(
+        c, ctx.deadline, plan, in.data, out.data, out.device.index, dcomm::name(ctx.operation),
+        cpu::staging::no_start, [&](const cpu::slice& s) {
+          return dispatch_.all_reduce(c, s.host, s.host, s.count, out.type, op);
+        });
+    co_return;
+  }
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {.in_place = in_place},
+                            [&](auto i, auto o) { return all_reduce(ctx, i, o, op, true); });
+    co_return;
+  }
+  const bool arena = !staged && in_arena(ctx, operation::all_reduce, out.bytes());
+  cpu::call c(*net_, ctx, true,
+              sig(ctx, operation::all_reduce, arena, out.type, out.count, -1, &op));
+  if (arena && !c.state().failure) {  // as barrier's
+    using cpu::dispatcher;
+    cpu::arena_call a(c);
+    const std::size_t n = out.count;
+    const dtype t = out.type;
+    if (!c.at_once(
+            [&] { return dispatcher::arena_all_reduce_at_once(a, in.data, out.data, n, t, op); }))
+      co_await c.run(
+          [&] { return dispatcher::arena_all_reduce(c, a, in.data, out.data, n, t, op); });
+    co_return;
+  }
+  co_await c.run(
+      [&] { return dispatch_.all_reduce(c, in.data, out.data, out.count, out.type, op); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::scatter(op_context ctx, const_tensor_view in,
+                                                       tensor_view out, int root)
+    -> detail::task<void> {
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return scatter(ctx, i, o, root); });
+    co_return;
+  }
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::scatter, false, out.type, out.count, root));
+  co_await c.run([&] { return dispatch_.scatter(c, in.data, out.data, out.bytes(), root); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::gather(op_context ctx, const_tensor_view in,
+                                                      tensor_view out, int root)
+    -> detail::task<void> {
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {.initial = ctx.group->rank != root},
+                            [&](auto i, auto o) { return gather(ctx, i, o, root); });
+    co_return;
+  }
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::gather, false, in.type, in.count, root));
+  co_await c.run([&] { return dispatch_.gather(c, in.data, out.data, in.bytes(), root); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::all_gather(op_context ctx, const_tensor_view in,
+                                                          tensor_view out, bool staged)
+    -> detail::task<void> {
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {},
+                            [&](auto i, auto o) { return all_gather(ctx, i, o, true); });
+    co_return;
+  }
+  const bool arena = !staged && in_arena(ctx, operation::all_gather, out.bytes());
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather, arena, in.type, in.count));
+  co_await c.run([&] {
+    if (arena) return cpu::dispatcher::arena_all_gather(c, in.data, out.data, in.bytes());
+    return dispatch_.all_gather(c, in.data, out.data, in.count, in.type);
+  });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::reduce_scatter(op_context ctx, const_tensor_view in,
+                                                              tensor_view out, reducer op)
+    -> detail::task<void> {
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {},
+                            [&](auto i, auto o) { return reduce_scatter(ctx, i, o, op); });
+    co_return;
+  }
+  cpu::call c(*net_, ctx, true,
+              sig(ctx, operation::reduce_scatter, false, out.type, out.count, -1, &op));
+  co_await c.run(
+      [&] { return dispatch_.reduce_scatter(c, in.data, out.data, out.count, out.type, op); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::all_to_all(op_context ctx, const_tensor_view in,
+                                                          tensor_view out) -> detail::task<void> {
+  if (cpu::staging::needed(in, out)) {
+    co_await staging_.whole(in, out, {}, [&](auto i, auto o) { return all_to_all(ctx, i, o); });
+    co_return;
+  }
+  const std::size_t n = static_cast<std::size_t>(ctx.group->size());
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all, false, in.type, in.count / n));
+  co_await c.run([&] { return dispatch_.all_to_all(c, in.data, out.data, in.bytes() / n); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::all_gather_v(op_context ctx, const_tensor_view in,
+                                                            output_allocator alloc)
+    -> detail::task<std::vector<std::size_t>> {
+  if (cpu::staging::needed(in))
+    co_return co_await staging_.whole(
+        in, {}, {}, [&](auto i, auto) { return all_gather_v(ctx, i, std::move(alloc)); });
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::all_gather_v, false, in.type, 0));
+  std::vector<std::size_t> counts;
+  co_await c.run(
+      [&]() -> detail::task<void> { counts = co_await dispatch_.all_gather_v(c, in, alloc); });
+  co_return counts;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::all_to_all_v(op_context ctx, const_tensor_view in,
+                                                            std::vector<std::size_t> send_counts,
+                                                            output_allocator alloc)
+    -> detail::task<std::vector<std::size_t>> {
+  if (cpu::staging::needed(in))
+    co_return co_await staging_.whole(in, {}, {}, [&](auto i, auto) {
+      return all_to_all_v(ctx, i, std::move(send_counts), std::move(alloc));
+    });
+  cpu::call c(*net_, ctx, true, sig(ctx, operation::all_to_all_v, false, in.type, 0));
+  std::vector<std::size_t> counts;
+  co_await c.run([&]() -> detail::task<void> {
+    counts = co_await dispatch_.all_to_all_v(c, in, send_counts, alloc);
+  });
+  co_return counts;
+}
+
 static_assert(backend<cpu_backend>);
 
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::create<void>(std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host, options o, detail::clock::time_point deadline) -> asio::awaitable<std::shared_ptr<cpu_backend>>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::send<void>(op_context ctx, const_tensor_view in, int peer) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::recv<void>(op_context ctx, tensor_view out, int peer) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::barrier<void>(op_context ctx) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::broadcast<void>(op_context ctx, tensor_view buf, int root, bool staged) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::reduce<void>(op_context ctx, const_tensor_view in, tensor_view out, reducer op, int root, bool staged) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::all_reduce<void>(op_context ctx, const_tensor_view in, tensor_view out, reducer op, bool staged) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::scatter<void>(op_context ctx, const_tensor_view in, tensor_view out, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::gather<void>(op_context ctx, const_tensor_view in, tensor_view out, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::all_gather<void>(op_context ctx, const_tensor_view in, tensor_view out, bool staged) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::reduce_scatter<void>(op_context ctx, const_tensor_view in, tensor_view out, reducer op) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::all_to_all<void>(op_context ctx, const_tensor_view in, tensor_view out) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::all_gather_v<void>(op_context ctx, const_tensor_view in, output_allocator alloc) -> detail::task<std::vector<std::size_t>>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::all_to_all_v<void>(op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts, output_allocator alloc) -> detail::task<std::vector<std::size_t>>)
+// clang-format on
+// End of the separate-compilation block.

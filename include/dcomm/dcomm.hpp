@@ -29,3 +29,11 @@
 #include "dcomm/tcp_backend.hpp"
 #include "dcomm/tensor.hpp"
 #include "dcomm/thread_world.hpp"
+
+// Separate compilation (detail/asio.hpp): the start-up of the CPU backend,
+// the coroutines init_process_group<cpu_backend> runs, compiled once in
+// the library. Written by hand: they are templates of the backend.
+// clang-format off
+DCOMM_INSTANTIATE(asio::awaitable<dcomm::communicator<dcomm::cpu_backend>> dcomm::detail::init_from_method<dcomm::cpu_backend>(init_options<cpu_backend>, std::shared_ptr<io_thread>))
+DCOMM_INSTANTIATE(asio::awaitable<dcomm::communicator<dcomm::cpu_backend>> dcomm::detail::init_from_store<dcomm::cpu_backend>(std::shared_ptr<store>, int, int, init_options<cpu_backend>, std::shared_ptr<io_thread>))
+// clang-format on

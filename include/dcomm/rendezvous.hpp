@@ -131,9 +131,8 @@ inline constexpr const char* misconfigured_key = "dcomm/rdzv/misconfigured";
 // This rank found the job misconfigured: it tells the others (see the top
 // of this file) before it fails. Best effort: where the store fails too,
 // the others still have their deadline.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s,
-                                                                  int rank, int world,
-                                                                  std::string reason) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> tell_misconfigured(std::shared_ptr<store> s, int rank,
+                                                           int world, std::string reason) {
   try {
     co_await s->compare_set(misconfigured_key, "", "rank " + std::to_string(rank) + ": " + reason);
     // Beyond that many (a typo such as WORLD_SIZE=100000), the others find
@@ -145,9 +144,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> tell_misconfigured(std::shared_pt
 }
 
 // Which of `ranks` have not set their rank/<r>/<what> key yet.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
-                                                                         std::vector<int> ranks,
-                                                                         std::string what) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::vector<int>> ranks_without(std::shared_ptr<store> s,
+                                                                  std::vector<int> ranks,
+                                                                  std::string what) {
   std::vector<int> without;
   for (int r : ranks) {
     std::vector<std::string> one(1, rdzv_key(r, what));
@@ -169,8 +168,8 @@ inline std::exception_ptr as_dcomm_error(std::exception_ptr failure, error_conte
 // Start-up failed in the process that hosts the job's tcp store: before the
 // store goes, its clients are told why, so that they blame the cause (the
 // ranks this failure names) and not the store's host.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> leave_store(std::shared_ptr<store> s,
-                                                           std::exception_ptr failure) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> leave_store(std::shared_ptr<store> s,
+                                                    std::exception_ptr failure) {
   auto* tcp = dynamic_cast<tcp_store*>(s.get());
   if (!tcp || !tcp->server()) co_return;
   std::optional<dcomm::error> why;
@@ -188,8 +187,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> leave_store(std::shared_ptr<store
 // size the ranks that agreed wait for. The public operations, not the
 // *_impl coroutines: those must run on the store's own executor (a strand
 // for tcp_store), and this may not.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::pair<std::string, int>> claim_place(
-    std::shared_ptr<store> s, int rank, int world_size) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::pair<std::string, int>> claim_place(std::shared_ptr<store> s,
+                                                                           int rank,
+                                                                           int world_size) {
   std::string wrong;
   int others = world_size;
   auto joins = co_await s->add(rdzv_key(rank, "joins"), 1);
@@ -212,9 +212,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::pair<std::string, int>> claim_plac
 }
 
 // The protocol, on any store (thread worlds pass a shared hash_store).
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank,
-                                                          int world_size, std::string address,
-                                                          const rendezvous_options& options) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> join_world(std::shared_ptr<store> s, int rank,
+                                                   int world_size, std::string address,
+                                                   const rendezvous_options& options) {
   const auto start = detail::clock::now();
   const auto deadline = start + options.timeout;
   auto fail = [&](errc code, std::string detail, std::string peers = {}) {
@@ -288,9 +288,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> join_world(std::shared_ptr<store>
 // Every rank but 0 says it is done with the store; rank 0, which serves a
 // tcp store, waits until all have said so, so nobody loses the store while
 // still using it.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank,
-                                                         int world_size,
-                                                         detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> depart_op(std::shared_ptr<store> s, int rank,
+                                                  int world_size,
+                                                  detail::clock::time_point deadline) {
   if (rank != 0) {
     co_await s->set(rdzv_key(rank, "departed"), "1");
     co_return;
@@ -314,8 +314,8 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> depart_op(std::shared_ptr<store> 
                               .detail = "these ranks had not left when the deadline passed"});
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<rendezvous_result> rendezvous_op(
-    asio::any_io_executor executor, rendezvous_options options) {
+DCOMM_EMIT_ON_USE asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_executor executor,
+                                                                   rendezvous_options options) {
   const env_lookup env = options.env ? *options.env : process_environment();
   // Bad input fails here, before any socket or file is touched.
   init_spec spec =
@@ -462,3 +462,15 @@ auto rendezvous(std::shared_ptr<store> s, int rank, int world_size, rendezvous_o
 }
 
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::detail::tell_misconfigured<void>(std::shared_ptr<store> s, int rank, int world, std::string reason) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::ranks_without<void>(std::shared_ptr<store> s, std::vector<int> ranks, std::string what) -> asio::awaitable<std::vector<int>>)
+DCOMM_INSTANTIATE(auto dcomm::detail::leave_store<void>(std::shared_ptr<store> s, std::exception_ptr failure) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::claim_place<void>(std::shared_ptr<store> s, int rank, int world_size) -> asio::awaitable<std::pair<std::string, int>>)
+DCOMM_INSTANTIATE(auto dcomm::detail::join_world<void>(std::shared_ptr<store> s, int rank, int world_size, std::string address, const rendezvous_options& options) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::depart_op<void>(std::shared_ptr<store> s, int rank, int world_size, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::rendezvous_op<void>(asio::any_io_executor executor, rendezvous_options options) -> asio::awaitable<rendezvous_result>)
+// clang-format on
+// End of the separate-compilation block.

@@ -148,40 +148,7 @@ class request {
     for (auto* t : s->waiters) t->cancel();
   }
 
-  DCOMM_EMIT_ON_USE static asio::awaitable<void> wait_op(std::shared_ptr<state> s) {
-    {
-      std::lock_guard lock(s->mutex);
-      if (s->done) {
-        if (s->failure) std::rethrow_exception(s->failure);
-        co_return;
-      }
-    }
-    asio::steady_timer timer(co_await asio::this_coro::executor,
-                             s->deadline + detail::blocking_grace);
-    s->waiters.push_back(&timer);
-    // Off the list however this frame ends: a frame destroyed while it
-    // waits (its io_context shut down) must not leave finish() a timer
-    // that is gone.
-    struct unlist {
-      state* s;
-      asio::steady_timer* t;
-      ~unlist() { std::erase(s->waiters, t); }
-    } unlist_on_exit{s.get(), &timer};
-    for (;;) {
-      {
-        std::lock_guard lock(s->mutex);
-        if (s->done) break;
-      }
-      asio::error_code ec;
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      if (!ec) break;
-    }
-    std::lock_guard lock(s->mutex);
-    if (!s->done)
-      throw_error(errc::timeout, {.operation = s->operation,
-                                  .detail = "the operation did not complete by its deadline"});
-    if (s->failure) std::rethrow_exception(s->failure);
-  }
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> wait_op(std::shared_ptr<state> s);
 
   void check_valid() const {
     if (!state_)
@@ -191,6 +158,42 @@ class request {
 
   std::shared_ptr<state> state_;
 };
+
+DCOMM_EMIT_ON_USE_DEFINITION auto request::wait_op(std::shared_ptr<state> s)
+    -> asio::awaitable<void> {
+  {
+    std::lock_guard lock(s->mutex);
+    if (s->done) {
+      if (s->failure) std::rethrow_exception(s->failure);
+      co_return;
+    }
+  }
+  asio::steady_timer timer(co_await asio::this_coro::executor,
+                           s->deadline + detail::blocking_grace);
+  s->waiters.push_back(&timer);
+  // Off the list however this frame ends: a frame destroyed while it
+  // waits (its io_context shut down) must not leave finish() a timer
+  // that is gone.
+  struct unlist {
+    state* s;
+    asio::steady_timer* t;
+    ~unlist() { std::erase(s->waiters, t); }
+  } unlist_on_exit{s.get(), &timer};
+  for (;;) {
+    {
+      std::lock_guard lock(s->mutex);
+      if (s->done) break;
+    }
+    asio::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec) break;
+  }
+  std::lock_guard lock(s->mutex);
+  if (!s->done)
+    throw_error(errc::timeout, {.operation = s->operation,
+                                .detail = "the operation did not complete by its deadline"});
+  if (s->failure) std::rethrow_exception(s->failure);
+}
 
 namespace detail {
 
@@ -231,18 +234,27 @@ struct request_access {
   };
   // Finishes the request itself: a completion handler could be destroyed
   // unrun along with the executor.
-  DCOMM_EMIT_ON_USE static task<void> guarded(task<void> op, guard g) {
-    std::exception_ptr failure;
-    try {
-      co_await std::move(op);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    auto s = std::move(g.s);
-    request::finish(s, std::move(failure));
-  }
+  DCOMM_EMIT_ON_USE static task<void> guarded(task<void> op, guard g);
 };
+
+DCOMM_EMIT_ON_USE_DEFINITION auto request_access::guarded(task<void> op, guard g) -> task<void> {
+  std::exception_ptr failure;
+  try {
+    co_await std::move(op);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  auto s = std::move(g.s);
+  request::finish(s, std::move(failure));
+}
 
 }  // namespace detail
 
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::request::wait_op<void>(std::shared_ptr<state> s) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::request_access::guarded<void>(task<void> op, guard g) -> task<void>)
+// clang-format on
+// End of the separate-compilation block.

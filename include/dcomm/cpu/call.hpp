@@ -177,12 +177,7 @@ class call {
 
   // Not coroutines themselves: one coroutine frame less per wait. Each
   // wake-up also moves the confirmation on.
-  DCOMM_EMIT_ON_USE detail::task<void> wait(io_item& it) {
-    return t_.wait(op_, [this, &it] {
-      confirm();
-      return it.state == item_state::done;
-    });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> wait(io_item& it);
   template <class Pred>
   detail::task<void> wait_until(Pred pred) {
     return t_.wait(op_, [this, pred = std::move(pred)] {
@@ -190,9 +185,7 @@ class call {
       return pred();
     });
   }
-  DCOMM_EMIT_ON_USE detail::task<void> wait_all() {
-    return t_.wait(op_, [this] { return all_done(); });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> wait_all();
 
   // Runs an algorithm to the end: every message done (the confirmation's
   // included), or everything taken back before the failure is rethrown.
@@ -317,6 +310,17 @@ class call {
   std::exception_ptr failed_at_once_;  // for run() to report
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto call::wait(io_item& it) -> detail::task<void> {
+  return t_.wait(op_, [this, &it] {
+    confirm();
+    return it.state == item_state::done;
+  });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto call::wait_all() -> detail::task<void> {
+  return t_.wait(op_, [this] { return all_done(); });
+}
+
 inline char* bytes_at(void* p, std::size_t offset) {
   return static_cast<char*>(p) + offset;
 }
@@ -348,3 +352,10 @@ class item_slots {
 };
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::call::wait<void>(io_item& it) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::call::wait_all<void>() -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

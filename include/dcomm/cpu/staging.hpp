@@ -197,25 +197,7 @@ class staging {
   // rethrown unless `rethrow` is false.
   DCOMM_EMIT_ON_USE detail::task<void> copies_done(detail::copy_thread::batch& b, std::size_t n,
                                                    detail::clock::time_point deadline,
-                                                   const char* operation, bool rethrow = true) {
-    asio::steady_timer timer(ex_);
-    b.waiter = &timer;
-    struct unhook {
-      detail::copy_thread::batch& b;
-      ~unhook() { b.waiter = nullptr; }
-    } guard{b};
-    while (b.done < n) {
-      if (rethrow && b.failure) std::rethrow_exception(b.failure);
-      if (detail::clock::now() >= deadline)
-        throw_error(errc::timeout, {.operation = operation,
-                                    .rank = rank_,
-                                    .detail = "the deadline passed while copying a slice of a "
-                                              "CUDA tensor between host and device"});
-      timer.expires_at(deadline);
-      co_await timer.async_wait(detail::use_task);
-    }
-    if (rethrow && b.failure) std::rethrow_exception(b.failure);
-  }
+                                                   const char* operation, bool rethrow = true);
 
   asio::any_io_executor ex_;
   std::size_t slice_bytes_;
@@ -226,4 +208,33 @@ class staging {
   detail::copy_thread copies_{ex_};
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto staging::copies_done(detail::copy_thread::batch& b, std::size_t n,
+                                                       detail::clock::time_point deadline,
+                                                       const char* operation, bool rethrow)
+    -> detail::task<void> {
+  asio::steady_timer timer(ex_);
+  b.waiter = &timer;
+  struct unhook {
+    detail::copy_thread::batch& b;
+    ~unhook() { b.waiter = nullptr; }
+  } guard{b};
+  while (b.done < n) {
+    if (rethrow && b.failure) std::rethrow_exception(b.failure);
+    if (detail::clock::now() >= deadline)
+      throw_error(errc::timeout, {.operation = operation,
+                                  .rank = rank_,
+                                  .detail = "the deadline passed while copying a slice of a "
+                                            "CUDA tensor between host and device"});
+    timer.expires_at(deadline);
+    co_await timer.async_wait(detail::use_task);
+  }
+  if (rethrow && b.failure) std::rethrow_exception(b.failure);
+}
+
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::staging::copies_done<void>(detail::copy_thread::batch& b, std::size_t n, detail::clock::time_point deadline, const char* operation, bool rethrow) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

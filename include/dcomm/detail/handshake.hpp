@@ -72,9 +72,9 @@ inline std::string proof_message(std::string_view label, std::string_view purpos
   return m;
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes,
-                                                         detail::clock::time_point deadline,
-                                                         const error_context& ctx) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> write_all(ip_tcp::socket& socket, std::string bytes,
+                                                  detail::clock::time_point deadline,
+                                                  const error_context& ctx) {
   co_await with_deadline(asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
                            asio::error_code ignored;
@@ -82,9 +82,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> write_all(ip_tcp::socket& socket,
                          });
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_n(ip_tcp::socket& socket, std::size_t n,
-                                                             detail::clock::time_point deadline,
-                                                             const error_context& ctx) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_n(ip_tcp::socket& socket, std::size_t n,
+                                                      detail::clock::time_point deadline,
+                                                      const error_context& ctx) {
   std::string bytes(n, '\0');
   co_await with_deadline(asio::async_read(socket, asio::buffer(bytes), asio::use_awaitable),
                          deadline, ctx, [&socket] {
@@ -104,10 +104,9 @@ inline void copy_into(std::array<unsigned char, 32>& a, std::string_view s) {
 
 // A proof without a MAC, sent by a client that is leaving, so that the
 // server can name the reason. Best effort: the client fails either way.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket,
-                                                               std::uint8_t kind,
-                                                               detail::clock::time_point deadline,
-                                                               const error_context& ctx) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> send_bare_proof(ip_tcp::socket& socket, std::uint8_t kind,
+                                                        detail::clock::time_point deadline,
+                                                        const error_context& ctx) {
   wire_writer proof;
   proof.u8(kind).raw(std::string(32, '\0'));
   try {
@@ -127,9 +126,9 @@ inline std::string printable_prefix(std::string_view bytes) {
 // The server's first answer. Silence is what another program on the port
 // (one that waits for its own protocol) looks like: warned of after
 // silent_server_warning, and named in the timeout at the deadline.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_offer(ip_tcp::socket& socket,
-                                                                 detail::clock::time_point deadline,
-                                                                 const error_context& ctx) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_offer(ip_tcp::socket& socket,
+                                                          detail::clock::time_point deadline,
+                                                          const error_context& ctx) {
   constexpr std::size_t size = 4 + 2 + 1 + 32;
   const auto warn_at = std::min(deadline, detail::clock::now() + silent_server_warning);
   bool warned = false;
@@ -157,10 +156,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_offer(ip_tcp::socket&
   }
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> client_steps(ip_tcp::socket& socket,
-                                                            const handshake_config& config,
-                                                            const std::string& address,
-                                                            detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> client_steps(ip_tcp::socket& socket,
+                                                     const handshake_config& config,
+                                                     const std::string& address,
+                                                     detail::clock::time_point deadline) {
   error_context ctx{.operation = "handshake (" + config.purpose + ")",
                     .rank = config.rank >= 0 ? std::optional<int>(config.rank) : std::nullopt,
                     .address = address};
@@ -239,9 +238,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> client_steps(ip_tcp::socket& sock
 // protocol_error / mismatch (not a dcomm server of this version), timeout,
 // and peer_lost when the connection breaks halfway (reset, end of file):
 // always a dcomm::error naming `address`, never a raw socket error.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> client_handshake(
-    ip_tcp::socket& socket, const handshake_config& config, std::string address,
-    detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> client_handshake(ip_tcp::socket& socket,
+                                                         const handshake_config& config,
+                                                         std::string address,
+                                                         detail::clock::time_point deadline) {
   std::exception_ptr failure;
   try {
     co_await handshake_detail::client_steps(socket, config, address, deadline);
@@ -272,7 +272,7 @@ using handshake_admit = std::function<std::string(const handshake_peer&)>;
 // so for proven clients only, and the refused client hears why. A broken
 // connection comes out as the socket's std::system_error: the caller drops
 // it either way.
-DCOMM_EMIT_ON_USE inline asio::awaitable<handshake_peer> server_handshake(
+DCOMM_EMIT_ON_USE asio::awaitable<handshake_peer> server_handshake(
     ip_tcp::socket& socket, const handshake_config& config, std::string peer_address,
     detail::clock::time_point deadline, handshake_admit admit = {}) {
   using namespace handshake_detail;
@@ -349,3 +349,15 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<handshake_peer> server_handshake(
 }
 
 }  // namespace dcomm::detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::detail::handshake_detail::write_all<void>(ip_tcp::socket& socket, std::string bytes, detail::clock::time_point deadline, const error_context& ctx) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::handshake_detail::read_n<void>(ip_tcp::socket& socket, std::size_t n, detail::clock::time_point deadline, const error_context& ctx) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::detail::handshake_detail::send_bare_proof<void>(ip_tcp::socket& socket, std::uint8_t kind, detail::clock::time_point deadline, const error_context& ctx) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::handshake_detail::read_offer<void>(ip_tcp::socket& socket, detail::clock::time_point deadline, const error_context& ctx) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::detail::handshake_detail::client_steps<void>(ip_tcp::socket& socket, const handshake_config& config, const std::string& address, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::client_handshake<void>(ip_tcp::socket& socket, const handshake_config& config, std::string address, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::detail::server_handshake<void>(ip_tcp::socket& socket, const handshake_config& config, std::string peer_address, detail::clock::time_point deadline, handshake_admit admit) -> asio::awaitable<handshake_peer>)
+// clang-format on
+// End of the separate-compilation block.

@@ -94,27 +94,7 @@ class kv_table {
   // executor, which must not run handlers concurrently (an io_context run by
   // one thread, or a strand).
   DCOMM_EMIT_ON_USE asio::awaitable<std::vector<std::string>> wait_for(
-      std::vector<std::string> keys, detail::clock::time_point deadline) {
-    auto executor = co_await asio::this_coro::executor;
-    auto timer = std::make_shared<asio::steady_timer>(executor, deadline);
-    {
-      std::lock_guard lock(mutex_);
-      if (missing_locked(keys).empty()) co_return std::vector<std::string>{};
-    }
-    // Registered for as long as this coroutine exists, also when its
-    // executor is torn down while it waits.
-    waiter_registration registration(
-        *this, keys, [executor, timer] { asio::post(executor, [timer] { timer->cancel(); }); });
-    for (;;) {
-      asio::error_code ec;
-      co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      auto still_missing = missing(keys);
-      // Woken by a set (ec == aborted) or at the deadline; a key may have
-      // been deleted again in between, so decide on what the table holds now.
-      if (still_missing.empty() || detail::clock::now() >= deadline) co_return still_missing;
-      timer->expires_at(deadline);
-    }
-  }
+      std::vector<std::string> keys, detail::clock::time_point deadline);
 
  private:
   struct waiter {
@@ -160,4 +140,34 @@ class kv_table {
   std::list<waiter> waiters_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto kv_table::wait_for(std::vector<std::string> keys,
+                                                     detail::clock::time_point deadline)
+    -> asio::awaitable<std::vector<std::string>> {
+  auto executor = co_await asio::this_coro::executor;
+  auto timer = std::make_shared<asio::steady_timer>(executor, deadline);
+  {
+    std::lock_guard lock(mutex_);
+    if (missing_locked(keys).empty()) co_return std::vector<std::string>{};
+  }
+  // Registered for as long as this coroutine exists, also when its
+  // executor is torn down while it waits.
+  waiter_registration registration(
+      *this, keys, [executor, timer] { asio::post(executor, [timer] { timer->cancel(); }); });
+  for (;;) {
+    asio::error_code ec;
+    co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    auto still_missing = missing(keys);
+    // Woken by a set (ec == aborted) or at the deadline; a key may have
+    // been deleted again in between, so decide on what the table holds now.
+    if (still_missing.empty() || detail::clock::now() >= deadline) co_return still_missing;
+    timer->expires_at(deadline);
+  }
+}
+
 }  // namespace dcomm::detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::detail::kv_table::wait_for<void>(std::vector<std::string> keys, detail::clock::time_point deadline) -> asio::awaitable<std::vector<std::string>>)
+// clang-format on
+// End of the separate-compilation block.

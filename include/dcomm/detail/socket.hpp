@@ -120,7 +120,7 @@ inline std::error_code socket_error_code(const std::error_code& ec) {
 
 // Connects to host:port, retrying with backoff until the deadline: the
 // server (rank 0) may start after its clients.
-DCOMM_EMIT_ON_USE inline asio::awaitable<ip_tcp::socket> connect_with_retry(
+DCOMM_EMIT_ON_USE asio::awaitable<ip_tcp::socket> connect_with_retry(
     std::string host, std::uint16_t port, detail::clock::time_point deadline,
     std::string operation) {
   auto executor = co_await asio::this_coro::executor;
@@ -180,3 +180,9 @@ inline std::string local_address_towards(const asio::any_io_executor& ex, const 
 }
 
 }  // namespace dcomm::detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::detail::connect_with_retry<void>(std::string host, std::uint16_t port, detail::clock::time_point deadline, std::string operation) -> asio::awaitable<ip_tcp::socket>)
+// clang-format on
+// End of the separate-compilation block.

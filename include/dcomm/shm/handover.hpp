@@ -133,9 +133,9 @@ inline std::optional<std::vector<int>> receive_with_fds(int socket, void* bytes,
 // read without blocking, and wait again when nothing was there.
 // (`late`: the caller's, alive across the wait. Named and moved, never a
 // temporary in a co_await: g++ 12 destroys those twice.)
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> wait_readable(unix_socket& sock,
-                                                             detail::clock::time_point deadline,
-                                                             const error_context& late) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> wait_readable(unix_socket& sock,
+                                                      detail::clock::time_point deadline,
+                                                      const error_context& late) {
   error_context on_timeout = late;
   auto waiting = sock.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
   co_await detail::with_deadline(std::move(waiting), deadline, std::move(on_timeout), [&sock] {
@@ -167,8 +167,8 @@ struct server_state {
 // One connection: a real rank says who it is at once and gets the segment;
 // anything else is dropped after a short grace. Each connection is served
 // on its own, so a silent stranger delays no one.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve_one(std::shared_ptr<server_state> sv,
-                                                         unix_socket peer) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> serve_one(std::shared_ptr<server_state> sv,
+                                                  unix_socket peer) {
   if (!same_user(peer)) co_return;
   const auto grace = detail::clock::now() + std::chrono::seconds(2);
   const error_context silent;
@@ -203,8 +203,8 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve_one(std::shared_ptr<server_
 // Hands the segment to each rank of the host that asks, until all have or
 // the start-up deadline passed (a rank that has not come by then failed
 // its start-up, and the others learn it from their links).
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
-                                                     detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> serve(std::shared_ptr<server_state> sv,
+                                              detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   auto timer = std::make_shared<asio::steady_timer>(ex, deadline);
   timer->async_wait([sv](const asio::error_code&) {
@@ -224,7 +224,7 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> serve(std::shared_ptr<server_stat
 // The lowest rank: makes the segment, publishes where to fetch it, and
 // serves it in the background: its start-up goes on at once, so that it
 // never waits for a rank that died here (the mesh names such a rank).
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<server_state>> lead(
+DCOMM_EMIT_ON_USE asio::awaitable<std::shared_ptr<server_state>> lead(
     std::shared_ptr<store> s, std::string key, std::vector<int> local, segment_sizes sizes,
     detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
@@ -248,7 +248,7 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<server_state>> lead(
 }
 
 // Any other rank: fetches the segment from the lowest.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<segment>> join(
+DCOMM_EMIT_ON_USE asio::awaitable<std::shared_ptr<segment>> join(
     std::shared_ptr<store> s, std::string key, int rank, std::vector<int> local,
     detail::clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
@@ -295,43 +295,7 @@ class host_segment {
                                                               std::string key, int rank,
                                                               std::vector<int> local,
                                                               segment_sizes sizes,
-                                                              detail::clock::time_point deadline) {
-    std::exception_ptr failure;
-    host_segment h;
-    const int leader = local.front();
-    try {
-      if (rank == leader) {
-        h.server_ =
-            co_await handover_detail::lead(std::move(s), key, std::move(local), sizes, deadline);
-        h.segment_ = h.server_->seg;
-      } else {
-        h.segment_ =
-            co_await handover_detail::join(std::move(s), key, rank, std::move(local), deadline);
-      }
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    // Only the lowest rank can fail a rank that fetches the segment: a
-    // reset, a refusal or silence is its loss, and names it.
-    const std::string blame = rank == leader ? std::string() : "rank " + std::to_string(leader);
-    if (failure) {
-      try {
-        detail::rethrow_as_dcomm_error(
-            failure, {.operation = "shm handover",
-                      .rank = rank,
-                      .peers = blame,
-                      .key = key,
-                      .detail = "sharing memory with the ranks of this host failed (set "
-                                "DCOMM_TRANSPORT=tcp to go without it)"});
-      } catch (const dcomm::error& e) {
-        if (!e.context().peers.empty() || blame.empty()) throw;
-        error_context c = e.context();
-        c.peers = blame;
-        throw error(e.code(), std::move(c));
-      }
-    }
-    co_return h;
-  }
+                                                              detail::clock::time_point deadline);
 
   const std::shared_ptr<segment>& get() const { return segment_; }
   // Ranks that have not fetched the segment by now cannot join any more.
@@ -347,4 +311,57 @@ class host_segment {
   std::shared_ptr<handover_detail::server_state> server_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto host_segment::open(std::shared_ptr<store> s, std::string key,
+                                                     int rank, std::vector<int> local,
+                                                     segment_sizes sizes,
+                                                     detail::clock::time_point deadline)
+    -> asio::awaitable<host_segment> {
+  std::exception_ptr failure;
+  host_segment h;
+  const int leader = local.front();
+  try {
+    if (rank == leader) {
+      h.server_ =
+          co_await handover_detail::lead(std::move(s), key, std::move(local), sizes, deadline);
+      h.segment_ = h.server_->seg;
+    } else {
+      h.segment_ =
+          co_await handover_detail::join(std::move(s), key, rank, std::move(local), deadline);
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // Only the lowest rank can fail a rank that fetches the segment: a
+  // reset, a refusal or silence is its loss, and names it.
+  const std::string blame = rank == leader ? std::string() : "rank " + std::to_string(leader);
+  if (failure) {
+    try {
+      detail::rethrow_as_dcomm_error(
+          failure, {.operation = "shm handover",
+                    .rank = rank,
+                    .peers = blame,
+                    .key = key,
+                    .detail = "sharing memory with the ranks of this host failed (set "
+                              "DCOMM_TRANSPORT=tcp to go without it)"});
+    } catch (const dcomm::error& e) {
+      if (!e.context().peers.empty() || blame.empty()) throw;
+      error_context c = e.context();
+      c.peers = blame;
+      throw error(e.code(), std::move(c));
+    }
+  }
+  co_return h;
+}
+
 }  // namespace dcomm::shm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::shm::handover_detail::wait_readable<void>(unix_socket& sock, detail::clock::time_point deadline, const error_context& late) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::shm::handover_detail::serve_one<void>(std::shared_ptr<server_state> sv, unix_socket peer) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::shm::handover_detail::serve<void>(std::shared_ptr<server_state> sv, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::shm::handover_detail::lead<void>(std::shared_ptr<store> s, std::string key, std::vector<int> local, segment_sizes sizes, detail::clock::time_point deadline) -> asio::awaitable<std::shared_ptr<server_state>>)
+DCOMM_INSTANTIATE(auto dcomm::shm::handover_detail::join<void>(std::shared_ptr<store> s, std::string key, int rank, std::vector<int> local, detail::clock::time_point deadline) -> asio::awaitable<std::shared_ptr<segment>>)
+DCOMM_INSTANTIATE(auto dcomm::shm::host_segment::open<void>(std::shared_ptr<store> s, std::string key, int rank, std::vector<int> local, segment_sizes sizes, detail::clock::time_point deadline) -> asio::awaitable<host_segment>)
+// clang-format on
+// End of the separate-compilation block.

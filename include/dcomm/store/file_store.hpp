@@ -61,7 +61,7 @@
 
 namespace dcomm {
 
-class file_store final : public store {
+class file_store final : public basic_store<file_store> {
  public:
   // Keys under this prefix belong to file_store itself.
   static constexpr std::string_view reserved_prefix =
@@ -102,159 +102,24 @@ class file_store final : public store {
   const std::string& path() const noexcept { return file_.path(); }
   int num_workers() const noexcept { return num_workers_; }
 
-  asio::awaitable<void> set_impl(std::string key, std::string value) override {
-    constexpr const char* op = "file_store.set";
-    check_key(key, op);
-    check_value(key, value, op);
-    auto file =
-        co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), true, op);
-      append_locked(file.fd(), store_detail::file_log::encode_set(key, value), op);
-    }
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_set(std::string key, std::string value);
 
-  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
-    constexpr const char* op = "file_store.get";
-    check_key(key, op);
-    auto backoff = poll_backoff_start;
-    std::optional<asio::steady_timer> timer;
-    for (;;) {
-      std::optional<std::string> value;
-      {
-        auto file = co_await file_.acquire(lock_kind::shared, deadline, op, key);
-        std::lock_guard lock(mutex_);
-        replay_locked(file.fd(), false, op);
-        if (auto it = data_.find(key); it != data_.end()) value = it->second;
-      }
-      if (value) co_return std::move(*value);
-      const auto now = detail::clock::now();
-      if (now >= deadline)
-        throw_error(errc::timeout, {.operation = op,
-                                    .key = key,
-                                    .address = address(),
-                                    .detail = "key still missing at the deadline"});
-      if (!timer) timer.emplace(co_await asio::this_coro::executor);
-      co_await store_detail::wait_backoff(*timer, backoff, deadline);
-      backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
-    }
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_get(std::string key, time_point deadline);
 
-  asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
-    constexpr const char* op = "file_store.add";
-    check_key(key, op);
-    auto file =
-        co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
-    std::int64_t value = 0;
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), true, op);
-      value = add_locked(file.fd(), key, delta, op);
-    }
-    co_return value;
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_add(std::string key, std::int64_t delta);
 
-  asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
-                                                std::string desired) override {
-    constexpr const char* op = "file_store.compare_set";
-    check_key(key, op);
-    check_value(key, desired, op);
-    auto file =
-        co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
-    std::string result;
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), true, op);
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        // As c10d: a missing key has nothing to compare with unless the
-        // caller expects it to be missing.
-        if (!expected.empty()) {
-          result = std::move(expected);
-        } else {
-          append_locked(file.fd(), store_detail::file_log::encode_set(key, desired), op);
-          result = std::move(desired);
-        }
-      } else if (it->second == expected && desired != expected) {
-        append_locked(file.fd(), store_detail::file_log::encode_set(key, desired), op);
-        result = std::move(desired);
-      } else {
-        result = it->second;
-      }
-    }
-    co_return result;
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_compare_set(std::string key,
+                                                                std::string expected,
+                                                                std::string desired);
 
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
-    constexpr const char* op = "file_store.wait";
-    for (const auto& k : keys) check_key(k, op);
-    auto backoff = poll_backoff_start;
-    std::optional<asio::steady_timer> timer;
-    for (;;) {
-      std::vector<std::string> missing;
-      {
-        auto file =
-            co_await file_.acquire(lock_kind::shared, deadline, op, store_detail::join_keys(keys));
-        std::lock_guard lock(mutex_);
-        replay_locked(file.fd(), false, op);
-        for (const auto& k : keys)
-          if (!data_.contains(k)) missing.push_back(k);
-      }
-      if (missing.empty()) co_return;
-      const auto now = detail::clock::now();
-      if (now >= deadline)
-        throw_error(errc::timeout, {.operation = op,
-                                    .key = store_detail::join_keys(missing),
-                                    .address = address(),
-                                    .detail = "keys still missing at the deadline"});
-      if (!timer) timer.emplace(co_await asio::this_coro::executor);
-      co_await store_detail::wait_backoff(*timer, backoff, deadline);
-      backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
-    }
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_wait(std::vector<std::string> keys,
+                                                  time_point deadline);
 
-  asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
-    constexpr const char* op = "file_store.check";
-    for (const auto& k : keys) check_key(k, op);
-    auto file = co_await file_.acquire(lock_kind::shared, detail::clock::now() + timeout(), op,
-                                       store_detail::join_keys(keys));
-    bool all = true;
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), false, op);
-      for (const auto& k : keys) all = all && data_.contains(k);
-    }
-    co_return all;
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_check(std::vector<std::string> keys);
 
-  asio::awaitable<bool> delete_key_impl(std::string key) override {
-    constexpr const char* op = "file_store.delete_key";
-    check_key(key, op);
-    auto file =
-        co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
-    bool existed = false;
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), true, op);
-      existed = data_.contains(key);
-      if (existed) append_locked(file.fd(), store_detail::file_log::encode_erase(key), op);
-    }
-    co_return existed;
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_delete_key(std::string key);
 
-  asio::awaitable<std::int64_t> num_keys_impl() override {
-    constexpr const char* op = "file_store.num_keys";
-    auto file = co_await file_.acquire(lock_kind::shared, detail::clock::now() + timeout(), op, {});
-    std::int64_t n = 0;
-    {
-      std::lock_guard lock(mutex_);
-      replay_locked(file.fd(), false, op);
-      for (const auto& [k, v] : data_)
-        if (!is_reserved(k)) ++n;
-    }
-    co_return n;
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_num_keys();
 
  private:
   using lock_kind = store_detail::lock_kind;
@@ -264,7 +129,7 @@ class file_store final : public store {
   static constexpr detail::clock::duration poll_backoff_cap = std::chrono::milliseconds(50);
 
   file_store(executor_type executor, std::string path, int num_workers, duration timeout)
-      : store(timeout),
+      : basic_store(timeout),
         executor_(std::move(executor)),
         file_(std::move(path)),
         num_workers_(num_workers) {}
@@ -427,4 +292,179 @@ class file_store final : public store {
   std::uint64_t offset_ = store_detail::file_log::header_size;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_set(std::string key, std::string value)
+    -> asio::awaitable<void> {
+  constexpr const char* op = "file_store.set";
+  check_key(key, op);
+  check_value(key, value, op);
+  auto file =
+      co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), true, op);
+    append_locked(file.fd(), store_detail::file_log::encode_set(key, value), op);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_get(std::string key, time_point deadline)
+    -> asio::awaitable<std::string> {
+  constexpr const char* op = "file_store.get";
+  check_key(key, op);
+  auto backoff = poll_backoff_start;
+  std::optional<asio::steady_timer> timer;
+  for (;;) {
+    std::optional<std::string> value;
+    {
+      auto file = co_await file_.acquire(lock_kind::shared, deadline, op, key);
+      std::lock_guard lock(mutex_);
+      replay_locked(file.fd(), false, op);
+      if (auto it = data_.find(key); it != data_.end()) value = it->second;
+    }
+    if (value) co_return std::move(*value);
+    const auto now = detail::clock::now();
+    if (now >= deadline)
+      throw_error(errc::timeout, {.operation = op,
+                                  .key = key,
+                                  .address = address(),
+                                  .detail = "key still missing at the deadline"});
+    if (!timer) timer.emplace(co_await asio::this_coro::executor);
+    co_await store_detail::wait_backoff(*timer, backoff, deadline);
+    backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_add(std::string key, std::int64_t delta)
+    -> asio::awaitable<std::int64_t> {
+  constexpr const char* op = "file_store.add";
+  check_key(key, op);
+  auto file =
+      co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
+  std::int64_t value = 0;
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), true, op);
+    value = add_locked(file.fd(), key, delta, op);
+  }
+  co_return value;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_compare_set(std::string key, std::string expected,
+                                                             std::string desired)
+    -> asio::awaitable<std::string> {
+  constexpr const char* op = "file_store.compare_set";
+  check_key(key, op);
+  check_value(key, desired, op);
+  auto file =
+      co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
+  std::string result;
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), true, op);
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      // As c10d: a missing key has nothing to compare with unless the
+      // caller expects it to be missing.
+      if (!expected.empty()) {
+        result = std::move(expected);
+      } else {
+        append_locked(file.fd(), store_detail::file_log::encode_set(key, desired), op);
+        result = std::move(desired);
+      }
+    } else if (it->second == expected && desired != expected) {
+      append_locked(file.fd(), store_detail::file_log::encode_set(key, desired), op);
+      result = std::move(desired);
+    } else {
+      result = it->second;
+    }
+  }
+  co_return result;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_wait(std::vector<std::string> keys,
+                                                      time_point deadline)
+    -> asio::awaitable<void> {
+  constexpr const char* op = "file_store.wait";
+  for (const auto& k : keys) check_key(k, op);
+  auto backoff = poll_backoff_start;
+  std::optional<asio::steady_timer> timer;
+  for (;;) {
+    std::vector<std::string> missing;
+    {
+      auto file =
+          co_await file_.acquire(lock_kind::shared, deadline, op, store_detail::join_keys(keys));
+      std::lock_guard lock(mutex_);
+      replay_locked(file.fd(), false, op);
+      for (const auto& k : keys)
+        if (!data_.contains(k)) missing.push_back(k);
+    }
+    if (missing.empty()) co_return;
+    const auto now = detail::clock::now();
+    if (now >= deadline)
+      throw_error(errc::timeout, {.operation = op,
+                                  .key = store_detail::join_keys(missing),
+                                  .address = address(),
+                                  .detail = "keys still missing at the deadline"});
+    if (!timer) timer.emplace(co_await asio::this_coro::executor);
+    co_await store_detail::wait_backoff(*timer, backoff, deadline);
+    backoff = std::min<detail::clock::duration>(backoff * 2, poll_backoff_cap);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_check(std::vector<std::string> keys)
+    -> asio::awaitable<bool> {
+  constexpr const char* op = "file_store.check";
+  for (const auto& k : keys) check_key(k, op);
+  auto file = co_await file_.acquire(lock_kind::shared, detail::clock::now() + timeout(), op,
+                                     store_detail::join_keys(keys));
+  bool all = true;
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), false, op);
+    for (const auto& k : keys) all = all && data_.contains(k);
+  }
+  co_return all;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_delete_key(std::string key)
+    -> asio::awaitable<bool> {
+  constexpr const char* op = "file_store.delete_key";
+  check_key(key, op);
+  auto file =
+      co_await file_.acquire(lock_kind::exclusive, detail::clock::now() + timeout(), op, key);
+  bool existed = false;
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), true, op);
+    existed = data_.contains(key);
+    if (existed) append_locked(file.fd(), store_detail::file_log::encode_erase(key), op);
+  }
+  co_return existed;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto file_store::do_num_keys() -> asio::awaitable<std::int64_t> {
+  constexpr const char* op = "file_store.num_keys";
+  auto file = co_await file_.acquire(lock_kind::shared, detail::clock::now() + timeout(), op, {});
+  std::int64_t n = 0;
+  {
+    std::lock_guard lock(mutex_);
+    replay_locked(file.fd(), false, op);
+    for (const auto& [k, v] : data_)
+      if (!is_reserved(k)) ++n;
+  }
+  co_return n;
+}
+
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_set<void>(std::string key, std::string value) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_get<void>(std::string key, time_point deadline) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_add<void>(std::string key, std::int64_t delta) -> asio::awaitable<std::int64_t>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_compare_set<void>(std::string key, std::string expected, std::string desired) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_wait<void>(std::vector<std::string> keys, time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_check<void>(std::vector<std::string> keys) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_delete_key<void>(std::string key) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::file_store::do_num_keys<void>() -> asio::awaitable<std::int64_t>)
+// clang-format on
+// End of the separate-compilation block.

@@ -12,7 +12,7 @@
 
 namespace dcomm {
 
-class hash_store final : public store {
+class hash_store final : public basic_store<hash_store> {
  public:
   // The memory that the handles of one thread world share: make one, and
   // give it to every rank's create(). Thread-safe; what it holds is reached
@@ -51,42 +51,21 @@ class hash_store final : public store {
   executor_type get_executor() const override { return executor_; }
   std::string address() const override { return "hash_store"; }
 
-  asio::awaitable<void> set_impl(std::string key, std::string value) override {
-    data().set(key, std::move(value));
-    co_return;
-  }
-  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
-    // Named, not a braced temporary: g++ 12 miscompiles initializer lists
-    // inside co_await expressions ("array used as initializer").
-    std::vector<std::string> keys(1, key);
-    for (;;) {
-      co_await wait_impl(keys, deadline);
-      if (auto value = data().get(key)) co_return std::move(*value);
-    }
-  }
-  asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
-    co_return data().add(key, delta);
-  }
-  asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
-                                                std::string desired) override {
-    co_return data().compare_set(key, expected, std::move(desired));
-  }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
-    auto missing = co_await data().wait_for(keys, deadline);
-    if (!missing.empty())
-      throw_error(errc::timeout, {.operation = "hash_store.wait",
-                                  .key = store_detail::join_keys(missing),
-                                  .detail = "keys still missing at the deadline"});
-  }
-  asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
-    co_return data().missing(keys).empty();
-  }
-  asio::awaitable<bool> delete_key_impl(std::string key) override { co_return data().erase(key); }
-  asio::awaitable<std::int64_t> num_keys_impl() override { co_return data().size(); }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_set(std::string key, std::string value);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_get(std::string key, time_point deadline);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_add(std::string key, std::int64_t delta);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_compare_set(std::string key,
+                                                                std::string expected,
+                                                                std::string desired);
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_wait(std::vector<std::string> keys,
+                                                  time_point deadline);
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_check(std::vector<std::string> keys);
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_delete_key(std::string key);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_num_keys();
 
  private:
   hash_store(executor_type executor, std::shared_ptr<table> shared, duration timeout)
-      : store(timeout), executor_(std::move(executor)), table_(std::move(shared)) {}
+      : basic_store(timeout), executor_(std::move(executor)), table_(std::move(shared)) {}
 
   detail::kv_table& data() const { return table_->data_; }
 
@@ -94,4 +73,69 @@ class hash_store final : public store {
   std::shared_ptr<table> table_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_set(std::string key, std::string value)
+    -> asio::awaitable<void> {
+  data().set(key, std::move(value));
+  co_return;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_get(std::string key, time_point deadline)
+    -> asio::awaitable<std::string> {
+  // Named, not a braced temporary: g++ 12 miscompiles initializer lists
+  // inside co_await expressions ("array used as initializer").
+  std::vector<std::string> keys(1, key);
+  for (;;) {
+    co_await do_wait(keys, deadline);
+    if (auto value = data().get(key)) co_return std::move(*value);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_add(std::string key, std::int64_t delta)
+    -> asio::awaitable<std::int64_t> {
+  co_return data().add(key, delta);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_compare_set(std::string key, std::string expected,
+                                                             std::string desired)
+    -> asio::awaitable<std::string> {
+  co_return data().compare_set(key, expected, std::move(desired));
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_wait(std::vector<std::string> keys,
+                                                      time_point deadline)
+    -> asio::awaitable<void> {
+  auto missing = co_await data().wait_for(keys, deadline);
+  if (!missing.empty())
+    throw_error(errc::timeout, {.operation = "hash_store.wait",
+                                .key = store_detail::join_keys(missing),
+                                .detail = "keys still missing at the deadline"});
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_check(std::vector<std::string> keys)
+    -> asio::awaitable<bool> {
+  co_return data().missing(keys).empty();
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_delete_key(std::string key)
+    -> asio::awaitable<bool> {
+  co_return data().erase(key);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto hash_store::do_num_keys() -> asio::awaitable<std::int64_t> {
+  co_return data().size();
+}
+
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_set<void>(std::string key, std::string value) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_get<void>(std::string key, time_point deadline) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_add<void>(std::string key, std::int64_t delta) -> asio::awaitable<std::int64_t>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_compare_set<void>(std::string key, std::string expected, std::string desired) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_wait<void>(std::vector<std::string> keys, time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_check<void>(std::vector<std::string> keys) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_delete_key<void>(std::string key) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::hash_store::do_num_keys<void>() -> asio::awaitable<std::int64_t>)
+// clang-format on
+// End of the separate-compilation block.

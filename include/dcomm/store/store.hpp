@@ -136,12 +136,64 @@ class store : public std::enable_shared_from_this<store> {
   }
 
   template <typename T>
-  static asio::awaitable<T> keep_alive(std::shared_ptr<store> self, asio::awaitable<T> op) {
-    (void)self;
-    co_return co_await std::move(op);
-  }
+  static asio::awaitable<T> keep_alive(std::shared_ptr<store> self, asio::awaitable<T> op);
 
   duration timeout_;
+};
+
+// Out of the class, so that separate compilation's declarations below keep
+// it out of a user's translation unit (detail/asio.hpp).
+template <typename T>
+asio::awaitable<T> store::keep_alive(std::shared_ptr<store> self, asio::awaitable<T> op) {
+  (void)self;
+  co_return co_await std::move(op);
+}
+// clang-format off
+DCOMM_INSTANTIATE(asio::awaitable<void> store::keep_alive<void>(std::shared_ptr<store>, asio::awaitable<void>))
+DCOMM_INSTANTIATE(asio::awaitable<std::string> store::keep_alive<std::string>(std::shared_ptr<store>, asio::awaitable<std::string>))
+DCOMM_INSTANTIATE(asio::awaitable<std::int64_t> store::keep_alive<std::int64_t>(std::shared_ptr<store>, asio::awaitable<std::int64_t>))
+DCOMM_INSTANTIATE(asio::awaitable<bool> store::keep_alive<bool>(std::shared_ptr<store>, asio::awaitable<bool>))
+// clang-format on
+
+// A store whose operations are Derived's coroutines do_set, do_get, do_add,
+// do_compare_set, do_wait, do_check, do_delete_key and do_num_keys (the
+// *_impl contract above), each declared DCOMM_EMIT_ON_USE: g++ 12 emits
+// an inline coroutine that is not a template into every translation unit
+// that sees it, used or not, a virtual one too (detail/asio.hpp). These
+// overrides are plain calls of Derived's templates, so a store's
+// coroutines are compiled only where the store is made. dcomm's stores
+// derive from it; a user's store may (docs/stores.md).
+template <class Derived>
+class basic_store : public store {
+ protected:
+  using store::store;
+
+  asio::awaitable<void> set_impl(std::string key, std::string value) override {
+    return self().do_set(std::move(key), std::move(value));
+  }
+  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
+    return self().do_get(std::move(key), deadline);
+  }
+  asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
+    return self().do_add(std::move(key), delta);
+  }
+  asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
+                                                std::string desired) override {
+    return self().do_compare_set(std::move(key), std::move(expected), std::move(desired));
+  }
+  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
+    return self().do_wait(std::move(keys), deadline);
+  }
+  asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
+    return self().do_check(std::move(keys));
+  }
+  asio::awaitable<bool> delete_key_impl(std::string key) override {
+    return self().do_delete_key(std::move(key));
+  }
+  asio::awaitable<std::int64_t> num_keys_impl() override { return self().do_num_keys(); }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
 };
 
 namespace store_detail {

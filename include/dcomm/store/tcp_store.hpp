@@ -59,7 +59,7 @@ struct tcp_store_options {
   int server_rank = -1;
 };
 
-class tcp_store final : public store {
+class tcp_store final : public basic_store<tcp_store> {
  public:
   // A client on `executor` (and the server too when options.is_server). The
   // connection is made by connect() or by the first operation.
@@ -88,11 +88,7 @@ class tcp_store final : public store {
   // This process hosts the server and is leaving because it failed: its
   // clients are told why (`why`'s peers are whom to blame), at most for a
   // second, before the server goes. Nothing to do for a client.
-  DCOMM_EMIT_ON_USE asio::awaitable<void> leave(const dcomm::error& why) {
-    if (!server_) co_return;
-    co_await server_->notify_leaving(why.context().peers, why.what(),
-                                     detail::clock::now() + std::chrono::seconds(1));
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> leave(const dcomm::error& why);
 
   // Connects (with retries until the store's timeout) and authenticates.
   template <completion_token_for Token = default_token_t>
@@ -102,65 +98,17 @@ class tcp_store final : public store {
                             timeout() + detail::blocking_grace);
   }
 
-  asio::awaitable<void> set_impl(std::string key, std::string value) override {
-    detail::wire_writer w;
-    w.str(key).str(value);
-    co_await request(store_detail::store_op::set, std::move(w), "tcp_store.set", key,
-                     detail::clock::now() + timeout());
-  }
-  asio::awaitable<std::string> get_impl(std::string key, time_point deadline) override {
-    std::vector<std::string> keys(1, key);
-    detail::wire_writer w;
-    w.strs(keys).u64(remaining_ms(deadline));
-    auto reply =
-        co_await request(store_detail::store_op::get, std::move(w), "tcp_store.get", key, deadline);
-    co_return decode(reply, "tcp_store.get", key, [](detail::wire_reader& r) { return r.str(); });
-  }
-  asio::awaitable<std::int64_t> add_impl(std::string key, std::int64_t delta) override {
-    detail::wire_writer w;
-    w.str(key).i64(delta);
-    auto reply = co_await request(store_detail::store_op::add, std::move(w), "tcp_store.add", key,
-                                  detail::clock::now() + timeout());
-    co_return decode(reply, "tcp_store.add", key, [](detail::wire_reader& r) { return r.i64(); });
-  }
-  asio::awaitable<std::string> compare_set_impl(std::string key, std::string expected,
-                                                std::string desired) override {
-    detail::wire_writer w;
-    w.str(key).str(expected).str(desired);
-    auto reply = co_await request(store_detail::store_op::compare_set, std::move(w),
-                                  "tcp_store.compare_set", key, detail::clock::now() + timeout());
-    co_return decode(reply, "tcp_store.compare_set", key,
-                     [](detail::wire_reader& r) { return r.str(); });
-  }
-  asio::awaitable<void> wait_impl(std::vector<std::string> keys, time_point deadline) override {
-    detail::wire_writer w;
-    w.strs(keys).u64(remaining_ms(deadline));
-    co_await request(store_detail::store_op::wait, std::move(w), "tcp_store.wait",
-                     store_detail::join_keys(keys), deadline);
-  }
-  asio::awaitable<bool> check_impl(std::vector<std::string> keys) override {
-    detail::wire_writer w;
-    w.strs(keys);
-    auto joined = store_detail::join_keys(keys);
-    auto reply = co_await request(store_detail::store_op::check, std::move(w), "tcp_store.check",
-                                  joined, detail::clock::now() + timeout());
-    co_return decode(reply, "tcp_store.check", joined,
-                     [](detail::wire_reader& r) { return r.u8() != 0; });
-  }
-  asio::awaitable<bool> delete_key_impl(std::string key) override {
-    detail::wire_writer w;
-    w.str(key);
-    auto reply = co_await request(store_detail::store_op::delete_key, std::move(w),
-                                  "tcp_store.delete_key", key, detail::clock::now() + timeout());
-    co_return decode(reply, "tcp_store.delete_key", key,
-                     [](detail::wire_reader& r) { return r.u8() != 0; });
-  }
-  asio::awaitable<std::int64_t> num_keys_impl() override {
-    auto reply = co_await request(store_detail::store_op::num_keys, detail::wire_writer{},
-                                  "tcp_store.num_keys", "", detail::clock::now() + timeout());
-    co_return decode(reply, "tcp_store.num_keys", "",
-                     [](detail::wire_reader& r) { return r.i64(); });
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_set(std::string key, std::string value);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_get(std::string key, time_point deadline);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_add(std::string key, std::int64_t delta);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> do_compare_set(std::string key,
+                                                                std::string expected,
+                                                                std::string desired);
+  DCOMM_EMIT_ON_USE asio::awaitable<void> do_wait(std::vector<std::string> keys,
+                                                  time_point deadline);
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_check(std::vector<std::string> keys);
+  DCOMM_EMIT_ON_USE asio::awaitable<bool> do_delete_key(std::string key);
+  DCOMM_EMIT_ON_USE asio::awaitable<std::int64_t> do_num_keys();
 
  private:
   // How long past a wait's own deadline the client waits for the server's
@@ -176,7 +124,7 @@ class tcp_store final : public store {
 
   tcp_store(asio::any_io_executor executor, tcp_store_options options,
             std::unique_ptr<detail::io_thread> thread)
-      : store(options.timeout),
+      : basic_store(options.timeout),
         thread_(std::move(thread)),
         strand_(asio::make_strand(executor)),
         options_(std::move(options)) {
@@ -223,188 +171,23 @@ class tcp_store final : public store {
   }
 
   DCOMM_EMIT_ON_USE static asio::awaitable<void> connect_op(std::shared_ptr<tcp_store> self,
-                                                            detail::clock::time_point deadline) {
-    co_await self->ensure_connected(deadline);
-  }
+                                                            detail::clock::time_point deadline);
 
-  DCOMM_EMIT_ON_USE asio::awaitable<void> ensure_connected(detail::clock::time_point deadline) {
-    if (stream_) co_return;
-    if (lost_) std::rethrow_exception(lost_);
-    if (connecting_) {
-      // Someone else is connecting: wait for them (woken by cancel).
-      auto waiter = std::make_shared<asio::steady_timer>(strand_, deadline);
-      connect_waiters_.push_back(waiter);
-      asio::error_code ec;
-      co_await waiter->async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      if (stream_) co_return;
-      if (lost_) std::rethrow_exception(lost_);
-      throw error(errc::connect_failed, context("tcp_store.connect"));
-    }
-    connecting_ = true;
-    std::exception_ptr failure;
-    try {
-      co_await connect_stream(deadline);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    connecting_ = false;
-    for (auto& w : connect_waiters_) w->cancel();
-    connect_waiters_.clear();
-    if (!failure) co_return;
-    try {
-      std::rethrow_exception(failure);
-    } catch (const dcomm::error& e) {
-      // An unreachable server: its host is to blame (a refusal is ours).
-      if (e.code() == errc::auth_failed || e.code() == errc::invalid_argument) throw;
-      auto ctx = e.context();
-      blame_host(ctx);
-      throw error(e.code(), ctx);
-    }
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> ensure_connected(detail::clock::time_point deadline);
 
   // Connects and authenticates; on success the stream and its reader run.
-  DCOMM_EMIT_ON_USE asio::awaitable<void> connect_stream(detail::clock::time_point deadline) {
-    auto socket =
-        co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
-    detail::handshake_config config{.purpose = std::string(store_detail::store_purpose),
-                                    .token = options_.job_token,
-                                    .rank = options_.rank};
-    try {
-      co_await detail::client_handshake(socket, config, address(), deadline);
-    } catch (const dcomm::error&) {
-      throw;
-    } catch (const std::system_error& e) {  // the server closed the connection
-      auto ctx = context("tcp_store.connect");
-      ctx.detail =
-          "the store server dropped the connection during the handshake: " + e.code().message();
-      throw error(errc::peer_lost, ctx);
-    }
-    stream_ = std::make_shared<store_detail::frame_stream>(
-        std::move(socket), store_detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
-                                                      .frame_timeout = options_.frame_timeout});
-    asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
-                   asio::detached);
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<void> connect_stream(detail::clock::time_point deadline);
 
   // Holds the store weakly: a store nobody uses any more must be able to die
   // (its destructor closes the stream, which ends this loop).
   DCOMM_EMIT_ON_USE static asio::awaitable<void> read_loop(
-      std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream) {
-    errc code = errc::peer_lost;
-    error_context why;
-    try {
-      for (;;) {
-        std::string body = co_await stream->read_frame();
-        auto self = weak.lock();
-        if (!self) co_return;
-        detail::wire_reader r(body);
-        std::uint64_t id = r.u64();
-        if (id == store_detail::notice_id) {
-          if (static_cast<store_detail::store_status>(r.u8()) ==
-              store_detail::store_status::notice) {
-            self->notice_peers_ = r.str();
-            self->notice_ = r.str();
-          }
-          continue;
-        }
-        auto it = self->pending_.find(id);
-        if (it == self->pending_.end()) continue;  // its caller already gave up
-        body.erase(0, 8);
-        it->second->reply = std::move(body);
-        it->second->timer.cancel();
-      }
-    } catch (const dcomm::error& e) {
-      code = static_cast<errc>(e.code().value());
-      why = e.context();
-      why.detail = (code == errc::protocol_error ? "bad reply from the store server: "
-                    : code == errc::timeout
-                        ? "the store server stopped in the middle of a reply; connection closed: "
-                        : "connection to the store server lost: ") +
-                   why.detail;
-    } catch (const std::exception& e) {
-      why.detail = std::string("connection to the store server dropped: ") + e.what();
-    }
-    stream->close();
-    auto self = weak.lock();
-    if (!self) co_return;
-    if (self->stream_ == stream) self->stream_.reset();
-    // With this store's rank and address for the message, and whom to
-    // blame: the cause the host gave as it left, else the host itself.
-    auto ctx = self->context("tcp_store");
-    ctx.expected = why.expected;
-    ctx.seen = why.seen;
-    ctx.detail = why.detail;
-    if (!self->notice_.empty()) {
-      code = errc::peer_lost;
-      ctx.peers = self->notice_peers_;
-      ctx.detail = self->host() + " left after it failed: " + self->notice_;
-    } else {
-      self->blame_host(ctx);
-    }
-    auto failure = std::make_exception_ptr(error(code, ctx));
-    self->lost_ = failure;
-    // A request whose reply came before the end keeps it: it was answered.
-    for (auto& [id, p] : self->pending_)
-      if (!p->reply) {
-        p->failure = failure;
-        p->timer.cancel();
-      }
-  }
+      std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream);
 
   // Sends one request and waits for its reply (status byte stripped).
   DCOMM_EMIT_ON_USE asio::awaitable<std::string> request(store_detail::store_op op,
                                                          detail::wire_writer args,
                                                          std::string operation, std::string key,
-                                                         detail::clock::time_point deadline) {
-    // The server would drop the connection, failing every pending operation.
-    if (args.bytes().size() + store_detail::request_prefix_bytes > options_.max_frame_bytes) {
-      auto ctx = context(operation, key);
-      ctx.expected = "a request of at most " + std::to_string(options_.max_frame_bytes) +
-                     " bytes (max_frame_bytes)";
-      ctx.seen =
-          std::to_string(args.bytes().size() + store_detail::request_prefix_bytes) + " bytes";
-      throw error(errc::invalid_argument, ctx);
-    }
-    co_await ensure_connected(deadline);
-    if (!stream_) std::rethrow_exception(lost_);
-    std::uint64_t id = next_id_++;
-    auto p = std::make_shared<pending>(strand_);
-    p->timer.expires_at(deadline + answer_grace);
-    pending_.emplace(id, p);
-    detail::wire_writer body;
-    body.u64(id).u8(static_cast<std::uint8_t>(op)).raw(args.bytes());
-    stream_->send_frame(std::move(body.bytes()));
-    asio::error_code ec;
-    co_await p->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    pending_.erase(id);
-    if (p->failure) std::rethrow_exception(p->failure);
-    if (!p->reply) {
-      auto ctx = context(operation, key);
-      ctx.detail = "the store server did not answer by the deadline";
-      throw error(errc::timeout, ctx);
-    }
-    std::string rest = std::move(*p->reply);
-    auto status = static_cast<store_detail::store_status>(decode(
-        rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
-    rest.erase(0, 1);
-    if (status == store_detail::store_status::ok) co_return rest;
-    if (status == store_detail::store_status::timeout) {
-      auto missing = decode(rest, operation, key, [](detail::wire_reader& r) { return r.strs(); });
-      auto ctx = context(operation, store_detail::join_keys(missing));
-      ctx.detail = "keys still missing at the deadline";
-      throw error(errc::timeout, ctx);
-    }
-    // A request the server refused: its error, in this store's context.
-    auto ctx = context(operation, key);
-    auto code = decode(rest, operation, key, [&ctx](detail::wire_reader& r) {
-      auto c = static_cast<errc>(r.u8());
-      ctx.expected = r.str();
-      ctx.seen = r.str();
-      ctx.detail = r.str();
-      return c;
-    });
-    throw error(code, ctx);
-  }
+                                                         detail::clock::time_point deadline);
 
   // Reads the fields of a reply; one that does not decode is reported with
   // this store's context.
@@ -438,4 +221,286 @@ class tcp_store final : public store {
   std::uint64_t next_id_ = 1;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::leave(const dcomm::error& why)
+    -> asio::awaitable<void> {
+  if (!server_) co_return;
+  co_await server_->notify_leaving(why.context().peers, why.what(),
+                                   detail::clock::now() + std::chrono::seconds(1));
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_set(std::string key, std::string value)
+    -> asio::awaitable<void> {
+  detail::wire_writer w;
+  w.str(key).str(value);
+  co_await request(store_detail::store_op::set, std::move(w), "tcp_store.set", key,
+                   detail::clock::now() + timeout());
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_get(std::string key, time_point deadline)
+    -> asio::awaitable<std::string> {
+  std::vector<std::string> keys(1, key);
+  detail::wire_writer w;
+  w.strs(keys).u64(remaining_ms(deadline));
+  auto reply =
+      co_await request(store_detail::store_op::get, std::move(w), "tcp_store.get", key, deadline);
+  co_return decode(reply, "tcp_store.get", key, [](detail::wire_reader& r) { return r.str(); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_add(std::string key, std::int64_t delta)
+    -> asio::awaitable<std::int64_t> {
+  detail::wire_writer w;
+  w.str(key).i64(delta);
+  auto reply = co_await request(store_detail::store_op::add, std::move(w), "tcp_store.add", key,
+                                detail::clock::now() + timeout());
+  co_return decode(reply, "tcp_store.add", key, [](detail::wire_reader& r) { return r.i64(); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_compare_set(std::string key, std::string expected,
+                                                            std::string desired)
+    -> asio::awaitable<std::string> {
+  detail::wire_writer w;
+  w.str(key).str(expected).str(desired);
+  auto reply = co_await request(store_detail::store_op::compare_set, std::move(w),
+                                "tcp_store.compare_set", key, detail::clock::now() + timeout());
+  co_return decode(reply, "tcp_store.compare_set", key,
+                   [](detail::wire_reader& r) { return r.str(); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_wait(std::vector<std::string> keys,
+                                                     time_point deadline) -> asio::awaitable<void> {
+  detail::wire_writer w;
+  w.strs(keys).u64(remaining_ms(deadline));
+  co_await request(store_detail::store_op::wait, std::move(w), "tcp_store.wait",
+                   store_detail::join_keys(keys), deadline);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_check(std::vector<std::string> keys)
+    -> asio::awaitable<bool> {
+  detail::wire_writer w;
+  w.strs(keys);
+  auto joined = store_detail::join_keys(keys);
+  auto reply = co_await request(store_detail::store_op::check, std::move(w), "tcp_store.check",
+                                joined, detail::clock::now() + timeout());
+  co_return decode(reply, "tcp_store.check", joined,
+                   [](detail::wire_reader& r) { return r.u8() != 0; });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_delete_key(std::string key)
+    -> asio::awaitable<bool> {
+  detail::wire_writer w;
+  w.str(key);
+  auto reply = co_await request(store_detail::store_op::delete_key, std::move(w),
+                                "tcp_store.delete_key", key, detail::clock::now() + timeout());
+  co_return decode(reply, "tcp_store.delete_key", key,
+                   [](detail::wire_reader& r) { return r.u8() != 0; });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::do_num_keys() -> asio::awaitable<std::int64_t> {
+  auto reply = co_await request(store_detail::store_op::num_keys, detail::wire_writer{},
+                                "tcp_store.num_keys", "", detail::clock::now() + timeout());
+  co_return decode(reply, "tcp_store.num_keys", "", [](detail::wire_reader& r) { return r.i64(); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::connect_op(std::shared_ptr<tcp_store> self,
+                                                        detail::clock::time_point deadline)
+    -> asio::awaitable<void> {
+  co_await self->ensure_connected(deadline);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::ensure_connected(detail::clock::time_point deadline)
+    -> asio::awaitable<void> {
+  if (stream_) co_return;
+  if (lost_) std::rethrow_exception(lost_);
+  if (connecting_) {
+    // Someone else is connecting: wait for them (woken by cancel).
+    auto waiter = std::make_shared<asio::steady_timer>(strand_, deadline);
+    connect_waiters_.push_back(waiter);
+    asio::error_code ec;
+    co_await waiter->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (stream_) co_return;
+    if (lost_) std::rethrow_exception(lost_);
+    throw error(errc::connect_failed, context("tcp_store.connect"));
+  }
+  connecting_ = true;
+  std::exception_ptr failure;
+  try {
+    co_await connect_stream(deadline);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  connecting_ = false;
+  for (auto& w : connect_waiters_) w->cancel();
+  connect_waiters_.clear();
+  if (!failure) co_return;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const dcomm::error& e) {
+    // An unreachable server: its host is to blame (a refusal is ours).
+    if (e.code() == errc::auth_failed || e.code() == errc::invalid_argument) throw;
+    auto ctx = e.context();
+    blame_host(ctx);
+    throw error(e.code(), ctx);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::connect_stream(detail::clock::time_point deadline)
+    -> asio::awaitable<void> {
+  auto socket =
+      co_await detail::connect_with_retry(options_.host, port(), deadline, "tcp_store.connect");
+  detail::handshake_config config{.purpose = std::string(store_detail::store_purpose),
+                                  .token = options_.job_token,
+                                  .rank = options_.rank};
+  try {
+    co_await detail::client_handshake(socket, config, address(), deadline);
+  } catch (const dcomm::error&) {
+    throw;
+  } catch (const std::system_error& e) {  // the server closed the connection
+    auto ctx = context("tcp_store.connect");
+    ctx.detail =
+        "the store server dropped the connection during the handshake: " + e.code().message();
+    throw error(errc::peer_lost, ctx);
+  }
+  stream_ = std::make_shared<store_detail::frame_stream>(
+      std::move(socket), store_detail::frame_limits{.max_frame_bytes = options_.max_frame_bytes,
+                                                    .frame_timeout = options_.frame_timeout});
+  asio::co_spawn(strand_, read_loop(std::weak_ptr<tcp_store>(shared_self()), stream_),
+                 asio::detached);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::read_loop(
+    std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream)
+    -> asio::awaitable<void> {
+  errc code = errc::peer_lost;
+  error_context why;
+  try {
+    for (;;) {
+      std::string body = co_await stream->read_frame();
+      auto self = weak.lock();
+      if (!self) co_return;
+      detail::wire_reader r(body);
+      std::uint64_t id = r.u64();
+      if (id == store_detail::notice_id) {
+        if (static_cast<store_detail::store_status>(r.u8()) == store_detail::store_status::notice) {
+          self->notice_peers_ = r.str();
+          self->notice_ = r.str();
+        }
+        continue;
+      }
+      auto it = self->pending_.find(id);
+      if (it == self->pending_.end()) continue;  // its caller already gave up
+      body.erase(0, 8);
+      it->second->reply = std::move(body);
+      it->second->timer.cancel();
+    }
+  } catch (const dcomm::error& e) {
+    code = static_cast<errc>(e.code().value());
+    why = e.context();
+    why.detail = (code == errc::protocol_error ? "bad reply from the store server: "
+                  : code == errc::timeout
+                      ? "the store server stopped in the middle of a reply; connection closed: "
+                      : "connection to the store server lost: ") +
+                 why.detail;
+  } catch (const std::exception& e) {
+    why.detail = std::string("connection to the store server dropped: ") + e.what();
+  }
+  stream->close();
+  auto self = weak.lock();
+  if (!self) co_return;
+  if (self->stream_ == stream) self->stream_.reset();
+  // With this store's rank and address for the message, and whom to
+  // blame: the cause the host gave as it left, else the host itself.
+  auto ctx = self->context("tcp_store");
+  ctx.expected = why.expected;
+  ctx.seen = why.seen;
+  ctx.detail = why.detail;
+  if (!self->notice_.empty()) {
+    code = errc::peer_lost;
+    ctx.peers = self->notice_peers_;
+    ctx.detail = self->host() + " left after it failed: " + self->notice_;
+  } else {
+    self->blame_host(ctx);
+  }
+  auto failure = std::make_exception_ptr(error(code, ctx));
+  self->lost_ = failure;
+  // A request whose reply came before the end keeps it: it was answered.
+  for (auto& [id, p] : self->pending_)
+    if (!p->reply) {
+      p->failure = failure;
+      p->timer.cancel();
+    }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store::request(store_detail::store_op op,
+                                                     detail::wire_writer args,
+                                                     std::string operation, std::string key,
+                                                     detail::clock::time_point deadline)
+    -> asio::awaitable<std::string> {
+  // The server would drop the connection, failing every pending operation.
+  if (args.bytes().size() + store_detail::request_prefix_bytes > options_.max_frame_bytes) {
+    auto ctx = context(operation, key);
+    ctx.expected = "a request of at most " + std::to_string(options_.max_frame_bytes) +
+                   " bytes (max_frame_bytes)";
+    ctx.seen = std::to_string(args.bytes().size() + store_detail::request_prefix_bytes) + " bytes";
+    throw error(errc::invalid_argument, ctx);
+  }
+  co_await ensure_connected(deadline);
+  if (!stream_) std::rethrow_exception(lost_);
+  std::uint64_t id = next_id_++;
+  auto p = std::make_shared<pending>(strand_);
+  p->timer.expires_at(deadline + answer_grace);
+  pending_.emplace(id, p);
+  detail::wire_writer body;
+  body.u64(id).u8(static_cast<std::uint8_t>(op)).raw(args.bytes());
+  stream_->send_frame(std::move(body.bytes()));
+  asio::error_code ec;
+  co_await p->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  pending_.erase(id);
+  if (p->failure) std::rethrow_exception(p->failure);
+  if (!p->reply) {
+    auto ctx = context(operation, key);
+    ctx.detail = "the store server did not answer by the deadline";
+    throw error(errc::timeout, ctx);
+  }
+  std::string rest = std::move(*p->reply);
+  auto status = static_cast<store_detail::store_status>(decode(
+      rest, operation, key, [](detail::wire_reader& r) { return r.u8(); }, false));
+  rest.erase(0, 1);
+  if (status == store_detail::store_status::ok) co_return rest;
+  if (status == store_detail::store_status::timeout) {
+    auto missing = decode(rest, operation, key, [](detail::wire_reader& r) { return r.strs(); });
+    auto ctx = context(operation, store_detail::join_keys(missing));
+    ctx.detail = "keys still missing at the deadline";
+    throw error(errc::timeout, ctx);
+  }
+  // A request the server refused: its error, in this store's context.
+  auto ctx = context(operation, key);
+  auto code = decode(rest, operation, key, [&ctx](detail::wire_reader& r) {
+    auto c = static_cast<errc>(r.u8());
+    ctx.expected = r.str();
+    ctx.seen = r.str();
+    ctx.detail = r.str();
+    return c;
+  });
+  throw error(code, ctx);
+}
+
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::leave<void>(const dcomm::error& why) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_set<void>(std::string key, std::string value) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_get<void>(std::string key, time_point deadline) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_add<void>(std::string key, std::int64_t delta) -> asio::awaitable<std::int64_t>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_compare_set<void>(std::string key, std::string expected, std::string desired) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_wait<void>(std::vector<std::string> keys, time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_check<void>(std::vector<std::string> keys) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_delete_key<void>(std::string key) -> asio::awaitable<bool>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::do_num_keys<void>() -> asio::awaitable<std::int64_t>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::connect_op<void>(std::shared_ptr<tcp_store> self, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::ensure_connected<void>(detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::connect_stream<void>(detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::read_loop<void>(std::weak_ptr<tcp_store> weak, std::shared_ptr<store_detail::frame_stream> stream) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store::request<void>(store_detail::store_op op, detail::wire_writer args, std::string operation, std::string key, detail::clock::time_point deadline) -> asio::awaitable<std::string>)
+// clang-format on
+// End of the separate-compilation block.

@@ -75,11 +75,7 @@ class tcp_store_server {
   // why (a notice, see notice_id), and returns once that is written or the
   // deadline passed. `peers`: whom the host's failure blames.
   DCOMM_EMIT_ON_USE asio::awaitable<void> notify_leaving(std::string peers, std::string detail,
-                                                         detail::clock::time_point deadline) {
-    co_await asio::co_spawn(impl_->strand,
-                            impl::notify_op(impl_, std::move(peers), std::move(detail), deadline),
-                            asio::use_awaitable);
-  }
+                                                         detail::clock::time_point deadline);
 
  private:
   struct impl;
@@ -205,75 +201,12 @@ class tcp_store_server {
 
     DCOMM_EMIT_ON_USE static asio::awaitable<void> notify_op(std::shared_ptr<impl> self,
                                                              std::string peers, std::string detail,
-                                                             detail::clock::time_point deadline) {
-      detail::wire_writer notice;
-      notice.u64(store_detail::notice_id)
-          .u8(static_cast<std::uint8_t>(store_detail::store_status::notice))
-          .str(peers)
-          .str(detail);
-      std::vector<std::shared_ptr<connection>> told;
-      for (auto& weak : self->connections)
-        if (auto c = weak.lock()) {
-          try {
-            c->send_frame(notice.bytes());
-            told.push_back(std::move(c));
-          } catch (const dcomm::error&) {  // over the budget: that one is not told
-          }
-        }
-      asio::steady_timer pause(self->strand);
-      while (detail::clock::now() < deadline &&
-             std::any_of(told.begin(), told.end(), [](auto& c) { return !c->flushed(); })) {
-        pause.expires_after(std::chrono::milliseconds(5));
-        co_await pause.async_wait(asio::use_awaitable);
-      }
-    }
+                                                             detail::clock::time_point deadline);
 
-    DCOMM_EMIT_ON_USE static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
-      while (!self->stopped) {
-        asio::error_code ec;
-        auto socket =
-            co_await self->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-        if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) break;
-        if (ec) {
-          // Out of file descriptors and the like: keep serving the others.
-          detail::log(detail::log_level::warning, "tcp_store server accept: " + ec.message());
-          asio::steady_timer pause(self->strand, std::chrono::milliseconds(50));
-          co_await pause.async_wait(asio::use_awaitable);
-          continue;
-        }
-        auto conn = std::make_shared<connection>(std::move(socket), self->limits);
-        std::erase_if(self->connections, [](auto& w) { return w.expired(); });
-        self->connections.push_back(conn);
-        asio::co_spawn(self->strand, serve(self, conn), asio::detached);
-      }
-    }
+    DCOMM_EMIT_ON_USE static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self);
 
     DCOMM_EMIT_ON_USE static asio::awaitable<void> serve(std::shared_ptr<impl> self,
-                                                         std::shared_ptr<connection> conn) {
-      asio::error_code ec;
-      auto endpoint = conn->socket().remote_endpoint(ec);
-      std::string peer = ec ? "an unknown peer" : detail::endpoint_address(endpoint);
-      try {
-        conn->socket().set_option(detail::ip_tcp::no_delay(true), ec);
-        detail::handshake_config config{.purpose = std::string(store_detail::store_purpose),
-                                        .token = self->options.job_token};
-        auto who = co_await detail::server_handshake(
-            conn->socket(), config, peer, detail::clock::now() + self->options.handshake_timeout);
-        if (who.rank >= 0) peer += " (rank " + std::to_string(who.rank) + ")";
-        for (;;) {
-          std::string body = co_await conn->read_frame();
-          handle(self, conn, peer, std::move(body));
-        }
-      } catch (const dcomm::error& e) {
-        // peer_lost: the client went away; its pending waits end at their deadlines.
-        if (e.code() != errc::peer_lost) drop(self, *conn, peer, e.what());
-      } catch (const std::system_error&) {
-        // The client went away during the handshake.
-      } catch (const std::exception& e) {
-        drop(self, *conn, peer, e.what());
-      }
-      conn->close();
-    }
+                                                         std::shared_ptr<connection> conn);
 
     static void drop(const std::shared_ptr<impl>& self, connection& conn, const std::string& peer,
                      const std::string& why) {
@@ -386,34 +319,131 @@ class tcp_store_server {
                                                                std::string peer, std::uint64_t id,
                                                                store_detail::store_op op,
                                                                std::vector<std::string> keys,
-                                                               std::chrono::milliseconds timeout) {
-      auto deadline = detail::clock::now() + timeout;
-      detail::wire_writer out;
-      out.u64(id);
-      for (;;) {
-        auto missing = co_await self->table.wait_for(keys, deadline);
-        if (!missing.empty()) {
-          out.u8(static_cast<std::uint8_t>(store_detail::store_status::timeout)).strs(missing);
-          break;
-        }
-        if (op == store_detail::store_op::wait) {
-          out.u8(0);
-          break;
-        }
-        if (auto value = self->table.get(keys.front())) {  // deleted again in between?
-          out.u8(0).str(*value);
-          break;
-        }
-      }
-      try {
-        conn->send_frame(std::move(out.bytes()));  // nothing once the connection is closed
-      } catch (const dcomm::error& e) {
-        drop(self, *conn, peer, e.what());  // over the budget
-      }
-    }
+                                                               std::chrono::milliseconds timeout);
   };
 
   std::shared_ptr<impl> impl_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store_server::notify_leaving(
+    std::string peers, std::string detail, detail::clock::time_point deadline)
+    -> asio::awaitable<void> {
+  co_await asio::co_spawn(impl_->strand,
+                          impl::notify_op(impl_, std::move(peers), std::move(detail), deadline),
+                          asio::use_awaitable);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store_server::impl::notify_op(
+    std::shared_ptr<impl> self, std::string peers, std::string detail,
+    detail::clock::time_point deadline) -> asio::awaitable<void> {
+  detail::wire_writer notice;
+  notice.u64(store_detail::notice_id)
+      .u8(static_cast<std::uint8_t>(store_detail::store_status::notice))
+      .str(peers)
+      .str(detail);
+  std::vector<std::shared_ptr<connection>> told;
+  for (auto& weak : self->connections)
+    if (auto c = weak.lock()) {
+      try {
+        c->send_frame(notice.bytes());
+        told.push_back(std::move(c));
+      } catch (const dcomm::error&) {  // over the budget: that one is not told
+      }
+    }
+  asio::steady_timer pause(self->strand);
+  while (detail::clock::now() < deadline &&
+         std::any_of(told.begin(), told.end(), [](auto& c) { return !c->flushed(); })) {
+    pause.expires_after(std::chrono::milliseconds(5));
+    co_await pause.async_wait(asio::use_awaitable);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store_server::impl::accept_loop(std::shared_ptr<impl> self)
+    -> asio::awaitable<void> {
+  while (!self->stopped) {
+    asio::error_code ec;
+    auto socket =
+        co_await self->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) break;
+    if (ec) {
+      // Out of file descriptors and the like: keep serving the others.
+      detail::log(detail::log_level::warning, "tcp_store server accept: " + ec.message());
+      asio::steady_timer pause(self->strand, std::chrono::milliseconds(50));
+      co_await pause.async_wait(asio::use_awaitable);
+      continue;
+    }
+    auto conn = std::make_shared<connection>(std::move(socket), self->limits);
+    std::erase_if(self->connections, [](auto& w) { return w.expired(); });
+    self->connections.push_back(conn);
+    asio::co_spawn(self->strand, serve(self, conn), asio::detached);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store_server::impl::serve(std::shared_ptr<impl> self,
+                                                                std::shared_ptr<connection> conn)
+    -> asio::awaitable<void> {
+  asio::error_code ec;
+  auto endpoint = conn->socket().remote_endpoint(ec);
+  std::string peer = ec ? "an unknown peer" : detail::endpoint_address(endpoint);
+  try {
+    conn->socket().set_option(detail::ip_tcp::no_delay(true), ec);
+    detail::handshake_config config{.purpose = std::string(store_detail::store_purpose),
+                                    .token = self->options.job_token};
+    auto who = co_await detail::server_handshake(
+        conn->socket(), config, peer, detail::clock::now() + self->options.handshake_timeout);
+    if (who.rank >= 0) peer += " (rank " + std::to_string(who.rank) + ")";
+    for (;;) {
+      std::string body = co_await conn->read_frame();
+      handle(self, conn, peer, std::move(body));
+    }
+  } catch (const dcomm::error& e) {
+    // peer_lost: the client went away; its pending waits end at their deadlines.
+    if (e.code() != errc::peer_lost) drop(self, *conn, peer, e.what());
+  } catch (const std::system_error&) {
+    // The client went away during the handshake.
+  } catch (const std::exception& e) {
+    drop(self, *conn, peer, e.what());
+  }
+  conn->close();
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto tcp_store_server::impl::answer_wait(
+    std::shared_ptr<impl> self, std::shared_ptr<connection> conn, std::string peer,
+    std::uint64_t id, store_detail::store_op op, std::vector<std::string> keys,
+    std::chrono::milliseconds timeout) -> asio::awaitable<void> {
+  auto deadline = detail::clock::now() + timeout;
+  detail::wire_writer out;
+  out.u64(id);
+  for (;;) {
+    auto missing = co_await self->table.wait_for(keys, deadline);
+    if (!missing.empty()) {
+      out.u8(static_cast<std::uint8_t>(store_detail::store_status::timeout)).strs(missing);
+      break;
+    }
+    if (op == store_detail::store_op::wait) {
+      out.u8(0);
+      break;
+    }
+    if (auto value = self->table.get(keys.front())) {  // deleted again in between?
+      out.u8(0).str(*value);
+      break;
+    }
+  }
+  try {
+    conn->send_frame(std::move(out.bytes()));  // nothing once the connection is closed
+  } catch (const dcomm::error& e) {
+    drop(self, *conn, peer, e.what());  // over the budget
+  }
+}
+
 }  // namespace dcomm
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::tcp_store_server::notify_leaving<void>(std::string peers, std::string detail, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store_server::impl::notify_op<void>(std::shared_ptr<impl> self, std::string peers, std::string detail, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store_server::impl::accept_loop<void>(std::shared_ptr<impl> self) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store_server::impl::serve<void>(std::shared_ptr<impl> self, std::shared_ptr<connection> conn) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::tcp_store_server::impl::answer_wait<void>(std::shared_ptr<impl> self, std::shared_ptr<connection> conn, std::string peer, std::uint64_t id, store_detail::store_op op, std::vector<std::string> keys, std::chrono::milliseconds timeout) -> asio::awaitable<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -16,8 +16,8 @@
 namespace dcomm::cpu {
 
 // out holds n blocks of `count`; in may be out's block r (in place).
-DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_gather(call& c, const void* in, void* out,
-                                                              std::size_t count, std::size_t es) {
+DCOMM_EMIT_ON_USE detail::task<void> direct_all_gather(call& c, const void* in, void* out,
+                                                       std::size_t count, std::size_t es) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -30,9 +30,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_gather(call& c, const voi
   co_return;
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather(call& c, const void* in, void* out,
-                                                            std::size_t count, std::size_t es,
-                                                            std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> ring_all_gather(call& c, const void* in, void* out,
+                                                     std::size_t count, std::size_t es,
+                                                     std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   char* mine = bytes_at(out, static_cast<std::size_t>(r) * bytes);
@@ -44,7 +44,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather(call& c, const void*
 }
 
 // Step 0: counts; step 1: data.
-DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> exchange_counts(
+DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> exchange_counts(
     call& c, const std::vector<std::uint64_t>& mine_per_peer) {
   const int n = c.size(), r = c.rank();
   std::vector<std::uint64_t> theirs(static_cast<std::size_t>(n), 0);
@@ -61,7 +61,7 @@ DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> exchange_counts(
   co_return std::vector<std::size_t>(theirs.begin(), theirs.end());
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_gather_v(
+DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> direct_all_gather_v(
     call& c, const_tensor_view in, const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
   const std::size_t es = size_of(in.type);
@@ -90,3 +90,12 @@ DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_gathe
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_all_gather<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::ring_all_gather<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, std::size_t chunk_bytes) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::exchange_counts<void>(call& c, const std::vector<std::uint64_t>& mine_per_peer) -> detail::task<std::vector<std::size_t>>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_all_gather_v<void>(call& c, const_tensor_view in, const output_allocator& alloc) -> detail::task<std::vector<std::size_t>>)
+// clang-format on
+// End of the separate-compilation block.

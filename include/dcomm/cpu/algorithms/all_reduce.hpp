@@ -26,25 +26,10 @@ class doubling_exchange {
                     const reducer& op)
       : c_(c), buf_(buf), other_(other), count_(count), bytes_(count * es), op_(op) {}
 
-  detail::task<bool> give(int peer, std::uint32_t step) {
-    co_await c_.wait(c_.send(peer, step, buf_, bytes_));
-    co_return true;
-  }
-  detail::task<bool> take(int peer, std::uint32_t step) {
-    co_await c_.wait(c_.recv(peer, step, buf_, bytes_));
-    co_return true;
-  }
-  detail::task<bool> receive(int peer, std::uint32_t step) {
-    co_await c_.wait(c_.recv(peer, step, other_, bytes_));
-    co_return true;
-  }
-  detail::task<bool> swap(int peer, std::uint32_t step) {
-    io_item& out = c_.send(peer, step, buf_, bytes_);
-    io_item& in = c_.recv(peer, step, other_, bytes_);
-    co_await c_.wait(in);
-    co_await c_.wait(out);  // buf is read by the send until it is done
-    co_return true;
-  }
+  DCOMM_EMIT_ON_USE detail::task<bool> give(int peer, std::uint32_t step);
+  DCOMM_EMIT_ON_USE detail::task<bool> take(int peer, std::uint32_t step);
+  DCOMM_EMIT_ON_USE detail::task<bool> receive(int peer, std::uint32_t step);
+  DCOMM_EMIT_ON_USE detail::task<bool> swap(int peer, std::uint32_t step);
   void combine(int peer) {
     if (peer > c_.rank()) {
       op_.combine(buf_, other_, count_);
@@ -62,11 +47,38 @@ class doubling_exchange {
   const reducer& op_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto doubling_exchange::give(int peer, std::uint32_t step)
+    -> detail::task<bool> {
+  co_await c_.wait(c_.send(peer, step, buf_, bytes_));
+  co_return true;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto doubling_exchange::take(int peer, std::uint32_t step)
+    -> detail::task<bool> {
+  co_await c_.wait(c_.recv(peer, step, buf_, bytes_));
+  co_return true;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto doubling_exchange::receive(int peer, std::uint32_t step)
+    -> detail::task<bool> {
+  co_await c_.wait(c_.recv(peer, step, other_, bytes_));
+  co_return true;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto doubling_exchange::swap(int peer, std::uint32_t step)
+    -> detail::task<bool> {
+  io_item& out = c_.send(peer, step, buf_, bytes_);
+  io_item& in = c_.recv(peer, step, other_, bytes_);
+  co_await c_.wait(in);
+  co_await c_.wait(out);  // buf is read by the send until it is done
+  co_return true;
+}
+
 // `buf` holds this rank's contribution and receives the result.
-DCOMM_EMIT_ON_USE inline detail::task<void> recursive_doubling_all_reduce(call& c, void* buf,
-                                                                          std::size_t count,
-                                                                          std::size_t es,
-                                                                          const reducer& op) {
+DCOMM_EMIT_ON_USE detail::task<void> recursive_doubling_all_reduce(call& c, void* buf,
+                                                                   std::size_t count,
+                                                                   std::size_t es,
+                                                                   const reducer& op) {
   scratch tmp(c);
   doubling_exchange x(c, buf, tmp.get(count * es), count, es, op);
   co_await detail::recursive_doubling(x, c.size(), c.rank());
@@ -75,10 +87,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> recursive_doubling_all_reduce(call& 
 }
 
 // in == nullptr: in place on out.
-DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_reduce(call& c, const void* in, void* out,
-                                                            std::size_t count, std::size_t es,
-                                                            const reducer& op,
-                                                            std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> ring_all_reduce(call& c, const void* in, void* out,
+                                                     std::size_t count, std::size_t es,
+                                                     const reducer& op, std::size_t chunk_bytes) {
   const int n = c.size();
   ring_shape shape({.count = count, .blocks = n}, es, chunk_bytes);
   scratch tmp(c);
@@ -91,3 +102,14 @@ DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_reduce(call& c, const void*
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::doubling_exchange::give<void>(int peer, std::uint32_t step) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::doubling_exchange::take<void>(int peer, std::uint32_t step) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::doubling_exchange::receive<void>(int peer, std::uint32_t step) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::doubling_exchange::swap<void>(int peer, std::uint32_t step) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::recursive_doubling_all_reduce<void>(call& c, void* buf, std::size_t count, std::size_t es, const reducer& op) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::ring_all_reduce<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, std::size_t chunk_bytes) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -14,8 +14,8 @@
 namespace dcomm::cpu {
 
 // in, out: n blocks of `bytes`; they do not overlap.
-DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_to_all(call& c, const void* in, void* out,
-                                                              std::size_t bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> direct_all_to_all(call& c, const void* in, void* out,
+                                                       std::size_t bytes) {
   const int n = c.size(), r = c.rank();
   for (int i = 1; i < n; ++i) {
     const int p = mod(r - i, n);
@@ -32,7 +32,7 @@ DCOMM_EMIT_ON_USE inline detail::task<void> direct_all_to_all(call& c, const voi
 }
 
 // send_counts[p]: elements of `in` (in rank order) for rank p.
-DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_to_all_v(
+DCOMM_EMIT_ON_USE detail::task<std::vector<std::size_t>> direct_all_to_all_v(
     call& c, const_tensor_view in, const std::vector<std::size_t>& send_counts,
     const output_allocator& alloc) {
   const int n = c.size(), r = c.rank();
@@ -65,3 +65,10 @@ DCOMM_EMIT_ON_USE inline detail::task<std::vector<std::size_t>> direct_all_to_al
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_all_to_all<void>(call& c, const void* in, void* out, std::size_t bytes) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_all_to_all_v<void>(call& c, const_tensor_view in, const std::vector<std::size_t>& send_counts, const output_allocator& alloc) -> detail::task<std::vector<std::size_t>>)
+// clang-format on
+// End of the separate-compilation block.

@@ -7,7 +7,7 @@
 
 namespace dcomm::cpu {
 
-DCOMM_EMIT_ON_USE inline detail::task<void> dissemination_barrier(call& c) {
+DCOMM_EMIT_ON_USE detail::task<void> dissemination_barrier(call& c) {
   const int n = c.size(), r = c.rank();
   std::uint32_t round = 0;
   for (int distance = 1; distance < n; distance <<= 1, ++round) {
@@ -17,3 +17,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> dissemination_barrier(call& c) {
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::dissemination_barrier<void>(call& c) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -9,8 +9,8 @@
 
 namespace dcomm::cpu {
 
-DCOMM_EMIT_ON_USE inline detail::task<void> binomial_broadcast(call& c, void* buf,
-                                                               std::size_t bytes, int root) {
+DCOMM_EMIT_ON_USE detail::task<void> binomial_broadcast(call& c, void* buf, std::size_t bytes,
+                                                        int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   int mask = 1;
   while (mask < n) {
@@ -27,9 +27,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> binomial_broadcast(call& c, void* bu
 // One link of a chain: receives each chunk from `prev` (-1: this rank is
 // the root) and passes it on to `next` (-1: the chain's end) as soon as it
 // has arrived. Ranks as the call counts them (its view, if one is set).
-DCOMM_EMIT_ON_USE inline detail::task<void> chain_relay(call& c, void* buf, std::size_t bytes,
-                                                        int prev, int next,
-                                                        std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> chain_relay(call& c, void* buf, std::size_t bytes, int prev,
+                                                 int next, std::size_t chunk_bytes) {
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
   item_slots slots(c);
   io_item** recvs = slots.get(chunks);
@@ -48,11 +47,19 @@ DCOMM_EMIT_ON_USE inline detail::task<void> chain_relay(call& c, void* buf, std:
 }
 
 // Not a coroutine itself: the relay is the call's only frame.
-DCOMM_EMIT_ON_USE inline detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes,
-                                                            int root, std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> chain_broadcast(call& c, void* buf, std::size_t bytes,
+                                                     int root, std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   return chain_relay(c, buf, bytes, v > 0 ? mod(v - 1 + root, n) : -1,
                      v + 1 < n ? mod(v + 1 + root, n) : -1, chunk_bytes);
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::binomial_broadcast<void>(call& c, void* buf, std::size_t bytes, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::chain_relay<void>(call& c, void* buf, std::size_t bytes, int prev, int next, std::size_t chunk_bytes) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::chain_broadcast<void>(call& c, void* buf, std::size_t bytes, int root, std::size_t chunk_bytes) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -457,37 +457,65 @@ class dispatcher {
   std::size_t chunk_bytes() const { return o_.chunk_bytes; }
   DCOMM_EMIT_ON_USE detail::task<void> flat_all_reduce(call& c, void* buf, std::size_t count,
                                                        std::size_t es,
-                                                       const reducer& partial) const {
-    if (c.size() <= 1) co_return;
-    if (large(operation::all_reduce, count * es, count, c.size()))
-      co_await ring_all_reduce(c, nullptr, buf, count, es, partial, o_.chunk_bytes);
-    else
-      co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
-  }
+                                                       const reducer& partial) const;
   DCOMM_EMIT_ON_USE detail::task<void> flat_reduce(call& c, const void* in, void* out,
                                                    std::size_t count, std::size_t es,
-                                                   const reducer& partial, int root) const {
-    if (c.size() <= 1) {
-      if (in != out && count) std::memcpy(out, in, count * es);
-      co_return;
-    }
-    if (large(operation::reduce, count * es, count, c.size()))
-      co_await chain_reduce(c, in, out, count, es, partial, root, o_.chunk_bytes);
-    else
-      co_await binomial_reduce(c, in, out, count, es, partial, root);
-  }
+                                                   const reducer& partial, int root) const;
   DCOMM_EMIT_ON_USE detail::task<void> flat_broadcast(call& c, void* buf, std::size_t bytes,
-                                                      int root) const {
-    if (c.size() <= 1) co_return;
-    if (large(operation::broadcast, bytes, bytes, c.size()))
-      co_await chain_broadcast(c, buf, bytes, root, o_.chunk_bytes);
-    else
-      co_await binomial_broadcast(c, buf, bytes, root);
-  }
+                                                      int root) const;
 
  private:
   backend_options o_;
   std::map<operation, algorithm> overrides_;  // DCOMM_ALGO's
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto dispatcher::flat_all_reduce(call& c, void* buf, std::size_t count,
+                                                              std::size_t es,
+                                                              const reducer& partial) const
+    -> detail::task<void> {
+  if (c.size() <= 1) co_return;
+  if (large(operation::all_reduce, count * es, count, c.size()))
+    co_await ring_all_reduce(c, nullptr, buf, count, es, partial, o_.chunk_bytes);
+  else
+    co_await recursive_doubling_all_reduce(c, buf, count, es, partial);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto dispatcher::flat_reduce(call& c, const void* in, void* out,
+                                                          std::size_t count, std::size_t es,
+                                                          const reducer& partial, int root) const
+    -> detail::task<void> {
+  if (c.size() <= 1) {
+    if (in != out && count) std::memcpy(out, in, count * es);
+    co_return;
+  }
+  if (large(operation::reduce, count * es, count, c.size()))
+    co_await chain_reduce(c, in, out, count, es, partial, root, o_.chunk_bytes);
+  else
+    co_await binomial_reduce(c, in, out, count, es, partial, root);
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto dispatcher::flat_broadcast(call& c, void* buf, std::size_t bytes,
+                                                             int root) const -> detail::task<void> {
+  if (c.size() <= 1) co_return;
+  if (large(operation::broadcast, bytes, bytes, c.size()))
+    co_await chain_broadcast(c, buf, bytes, root, o_.chunk_bytes);
+  else
+    co_await binomial_broadcast(c, buf, bytes, root);
+}
+
 }  // namespace dcomm::cpu
+
+// Separate compilation (detail/asio.hpp): the hierarchical algorithms over
+// this dispatcher's flat ones, compiled once in the library.
+// clang-format off
+DCOMM_INSTANTIATE(dcomm::detail::task<void> dcomm::cpu::hierarchical_all_reduce<dcomm::cpu::dispatcher>(call&, const host_layout&, const void*, void*, std::size_t, std::size_t, const reducer&, const dispatcher&))
+DCOMM_INSTANTIATE(dcomm::detail::task<void> dcomm::cpu::hierarchical_broadcast<dcomm::cpu::dispatcher>(call&, const host_layout&, void*, std::size_t, int, const dispatcher&))
+// clang-format on
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::dispatcher::flat_all_reduce<void>(call& c, void* buf, std::size_t count, std::size_t es, const reducer& partial) const -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::dispatcher::flat_reduce<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& partial, int root) const -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::dispatcher::flat_broadcast<void>(call& c, void* buf, std::size_t bytes, int root) const -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

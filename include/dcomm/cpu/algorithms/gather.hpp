@@ -9,8 +9,8 @@
 namespace dcomm::cpu {
 
 // out (root only) holds n blocks of `count`.
-DCOMM_EMIT_ON_USE inline detail::task<void> direct_gather(call& c, const void* in, void* out,
-                                                          std::size_t bytes, int root) {
+DCOMM_EMIT_ON_USE detail::task<void> direct_gather(call& c, const void* in, void* out,
+                                                   std::size_t bytes, int root) {
   const int n = c.size(), r = c.rank();
   if (r != root) {
     c.send(root, 0, in, bytes);
@@ -23,3 +23,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> direct_gather(call& c, const void* i
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_gather<void>(call& c, const void* in, void* out, std::size_t bytes, int root) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -183,7 +183,7 @@ detail::task<void> hierarchical_broadcast(call& c, const host_layout& h, void* b
   }
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
+DCOMM_EMIT_ON_USE detail::task<void> hierarchical_barrier(call& c, const host_layout& h) {
   const int local = static_cast<int>(h.local.size());
   const bool leader = h.local_rank == 0;
   {
@@ -205,3 +205,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> hierarchical_barrier(call& c, const 
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::hierarchical_barrier<void>(call& c, const host_layout& h) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

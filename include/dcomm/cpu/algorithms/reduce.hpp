@@ -12,9 +12,9 @@
 namespace dcomm::cpu {
 
 // out is used on the root only (it may equal in: in place).
-DCOMM_EMIT_ON_USE inline detail::task<void> binomial_reduce(call& c, const void* in, void* out,
-                                                            std::size_t count, std::size_t es,
-                                                            const reducer& op, int root) {
+DCOMM_EMIT_ON_USE detail::task<void> binomial_reduce(call& c, const void* in, void* out,
+                                                     std::size_t count, std::size_t es,
+                                                     const reducer& op, int root) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
   scratch acc_memory(c), other_memory(c);
@@ -35,10 +35,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> binomial_reduce(call& c, const void*
   op.finish(acc, count, n);
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> chain_reduce(call& c, const void* in, void* out,
-                                                         std::size_t count, std::size_t es,
-                                                         const reducer& op, int root,
-                                                         std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> chain_reduce(call& c, const void* in, void* out,
+                                                  std::size_t count, std::size_t es,
+                                                  const reducer& op, int root,
+                                                  std::size_t chunk_bytes) {
   const int n = c.size(), v = mod(c.rank() - root, n);
   const std::size_t bytes = count * es;
   const std::size_t chunks = bytes > chunk_bytes ? (bytes + chunk_bytes - 1) / chunk_bytes : 1;
@@ -76,3 +76,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> chain_reduce(call& c, const void* in
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::binomial_reduce<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::chain_reduce<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, int root, std::size_t chunk_bytes) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

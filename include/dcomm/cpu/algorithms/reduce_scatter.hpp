@@ -13,10 +13,9 @@
 namespace dcomm::cpu {
 
 // in: n blocks of `count`; out: `count` (may be in's block r: in place).
-DCOMM_EMIT_ON_USE inline detail::task<void> direct_reduce_scatter(call& c, const void* in,
-                                                                  void* out, std::size_t count,
-                                                                  std::size_t es,
-                                                                  const reducer& op) {
+DCOMM_EMIT_ON_USE detail::task<void> direct_reduce_scatter(call& c, const void* in, void* out,
+                                                           std::size_t count, std::size_t es,
+                                                           const reducer& op) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   scratch tmp(c);
@@ -37,10 +36,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> direct_reduce_scatter(call& c, const
   op.finish(out, count, n);
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out,
-                                                                std::size_t count, std::size_t es,
-                                                                const reducer& op,
-                                                                std::size_t chunk_bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> ring_reduce_scatter(call& c, const void* in, void* out,
+                                                         std::size_t count, std::size_t es,
+                                                         const reducer& op,
+                                                         std::size_t chunk_bytes) {
   const int n = c.size(), r = c.rank();
   const std::size_t bytes = count * es;
   ring_shape shape(
@@ -58,3 +57,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter(call& c, const v
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::direct_reduce_scatter<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::ring_reduce_scatter<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, std::size_t chunk_bytes) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

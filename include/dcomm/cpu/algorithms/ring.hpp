@@ -52,8 +52,9 @@ struct ring_shape {
 // Reduce-scatter into `out` (every block of it may be written). `in` holds
 // this rank's contribution; in == nullptr means it is already in `out`
 // (in place), and `scratch_buffer` receives. Steps [0, world-1) of the call.
-DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter_phase(
-    call& c, const ring_shape& shape, const void* in, void* out, const reducer& op, scratch& tmp) {
+DCOMM_EMIT_ON_USE detail::task<void> ring_reduce_scatter_phase(call& c, const ring_shape& shape,
+                                                               const void* in, void* out,
+                                                               const reducer& op, scratch& tmp) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
   const std::size_t es = shape.element_size;
@@ -90,9 +91,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> ring_reduce_scatter_phase(
 
 // All-gather in place on `out`, whose block r is this rank's. Steps
 // [first_step, first_step + (world-1) * chunks) of the call.
-DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape,
-                                                                  void* out,
-                                                                  std::size_t first_round) {
+DCOMM_EMIT_ON_USE detail::task<void> ring_all_gather_phase(call& c, const ring_shape& shape,
+                                                           void* out, std::size_t first_round) {
   const int n = c.size(), r = c.rank();
   const int left = mod(r - 1, n), right = mod(r + 1, n);
   const std::size_t es = shape.element_size;
@@ -121,3 +121,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> ring_all_gather_phase(call& c, const
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::ring_reduce_scatter_phase<void>(call& c, const ring_shape& shape, const void* in, void* out, const reducer& op, scratch& tmp) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::ring_all_gather_phase<void>(call& c, const ring_shape& shape, void* out, std::size_t first_round) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -66,7 +66,7 @@ inline bool shm_barrier_at_once(arena_call& a) {
   a.arrive();
   return a.all_arrived_within_spin();
 }
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(arena_call& a) {
+DCOMM_EMIT_ON_USE detail::task<void> shm_barrier(arena_call& a) {
   if (!a.stepped()) {
     co_await a.enter();
     a.begin_step();
@@ -75,8 +75,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_barrier(arena_call& a) {
   if (!a.all_arrived()) co_await a.wait_arrived();
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes,
-                                                          int root) {
+DCOMM_EMIT_ON_USE detail::task<void> shm_broadcast(call& c, void* data, std::size_t bytes,
+                                                   int root) {
   arena_call a(c);
   if (!a.enter_at_once()) co_await a.enter();
   const bool is_root = c.rank() == root;
@@ -93,8 +93,8 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_broadcast(call& c, void* data, s
 }
 
 // in: `bytes` per rank; out: every rank's, in rank order.
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* in, void* out,
-                                                           std::size_t bytes) {
+DCOMM_EMIT_ON_USE detail::task<void> shm_all_gather(call& c, const void* in, void* out,
+                                                    std::size_t bytes) {
   arena_call a(c);
   if (!a.enter_at_once()) co_await a.enter();
   const int n = c.size();
@@ -119,9 +119,9 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_gather(call& c, const void* 
 
 // in: this rank's `count` elements; out: the root's result (only the root's
 // is written).
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, void* out,
-                                                       std::size_t count, std::size_t es,
-                                                       const reducer& op, int root) {
+DCOMM_EMIT_ON_USE detail::task<void> shm_reduce(call& c, const void* in, void* out,
+                                                std::size_t count, std::size_t es,
+                                                const reducer& op, int root) {
   arena_call a(c);
   if (!a.enter_at_once()) co_await a.enter();
   const int n = c.size();
@@ -160,10 +160,10 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_reduce(call& c, const void* in, 
 //     back) while another may still read them.
 // Each rank moves 2(n-1)/n of the buffer through process_vm_readv and
 // reduces 1/n of it: no copy into or out of the slots.
-DCOMM_EMIT_ON_USE inline detail::task<bool> shm_all_reduce_direct(call& c, arena_call& a,
-                                                                  const void* in, void* out,
-                                                                  std::size_t count, std::size_t es,
-                                                                  const reducer& op, bool prefer) {
+DCOMM_EMIT_ON_USE detail::task<bool> shm_all_reduce_direct(call& c, arena_call& a, const void* in,
+                                                           void* out, std::size_t count,
+                                                           std::size_t es, const reducer& op,
+                                                           bool prefer) {
   const int n = c.size(), r = c.rank();
   const auto ranks = static_cast<std::size_t>(n);
   const bool faster = prefer && a.has_cores();
@@ -250,10 +250,10 @@ inline bool shm_all_reduce_at_once(arena_call& a, const void* in, void* out, std
   return true;
 }
 
-DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, arena_call& a, const void* in,
-                                                           void* out, std::size_t count,
-                                                           std::size_t es, const reducer& op,
-                                                           const arena_all_reduce_sizes& sizes) {
+DCOMM_EMIT_ON_USE detail::task<void> shm_all_reduce(call& c, arena_call& a, const void* in,
+                                                    void* out, std::size_t count, std::size_t es,
+                                                    const reducer& op,
+                                                    const arena_all_reduce_sizes& sizes) {
   const bool stepped = a.stepped();  // by shm_all_reduce_at_once
   if (!stepped && !a.enter_at_once()) co_await a.enter();
   const int n = c.size(), r = c.rank();
@@ -307,3 +307,14 @@ DCOMM_EMIT_ON_USE inline detail::task<void> shm_all_reduce(call& c, arena_call& 
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_barrier<void>(arena_call& a) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_broadcast<void>(call& c, void* data, std::size_t bytes, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_all_gather<void>(call& c, const void* in, void* out, std::size_t bytes) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_reduce<void>(call& c, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, int root) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_all_reduce_direct<void>(call& c, arena_call& a, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, bool prefer) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_all_reduce<void>(call& c, arena_call& a, const void* in, void* out, std::size_t count, std::size_t es, const reducer& op, const arena_all_reduce_sizes& sizes) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

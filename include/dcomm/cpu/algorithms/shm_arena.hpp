@@ -64,20 +64,7 @@ class arena_call {
   }
 
   // Waits until the calls that started before this one have left.
-  DCOMM_EMIT_ON_USE detail::task<void> enter() {
-    if (seat_.first != &op()) co_await c_.wait_until([this] { return seat_.first == &op(); });
-    // Now it polls the arena while it waits (transport::wait spins).
-    op().on_arena = true;
-    // The record its first step overwrites: after a call that failed
-    // here, other ranks may still read it (see shm/arena.hpp).
-    if (!seat_.synced) {
-      reused_ = a_.record(mine(), seat_.record).arrived.load(std::memory_order_relaxed);
-      if (!others_done()) co_await c_.wait_until([this] { return others_done(); });
-    }
-    // An earlier send of ours a member refused fails this call (it needs
-    // every member), as it would fail a call with messages to it.
-    if (t_.report_refused_send_in_arena(op())) co_await c_.wait_until([] { return false; });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> enter();
 
   std::size_t slot_bytes() const { return a_.slot_bytes(); }
 
@@ -131,12 +118,8 @@ class arena_call {
   }
   // Whether the call has begun a step (enter_at_once got it that far).
   bool stepped() const { return step_ > 0; }
-  DCOMM_EMIT_ON_USE detail::task<void> wait_arrived() {
-    return c_.wait_until([this] { return all_arrived(); });
-  }
-  DCOMM_EMIT_ON_USE detail::task<void> wait_reduced() {
-    return c_.wait_until([this] { return reached(true); });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> wait_arrived();
+  DCOMM_EMIT_ON_USE detail::task<void> wait_reduced();
 
   // This rank's other slot, its own to use until its next step: once
   // every rank arrived at this step, none reads the step before (the
@@ -168,13 +151,7 @@ class arena_call {
   }
   // Until the call fails: a member's lost link, a failure another member
   // forwards, or the deadline (never returns normally).
-  DCOMM_EMIT_ON_USE detail::task<void> wait_failed() {
-    return c_.wait_until([this] {
-      for (int q = 0; q < n_; ++q)
-        if (q != me_ && t_.arena_peer_gone(op(), global(q))) return false;
-      return false;
-    });
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> wait_failed();
 
   // Group rank p's slot at this step (once it arrived).
   const std::byte* slot_of(int p) {
@@ -241,4 +218,44 @@ class arena_call {
   std::uint64_t reused_ = 0;  // the stamp the first step overwrites
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto arena_call::enter() -> detail::task<void> {
+  if (seat_.first != &op()) co_await c_.wait_until([this] { return seat_.first == &op(); });
+  // Now it polls the arena while it waits (transport::wait spins).
+  op().on_arena = true;
+  // The record its first step overwrites: after a call that failed
+  // here, other ranks may still read it (see shm/arena.hpp).
+  if (!seat_.synced) {
+    reused_ = a_.record(mine(), seat_.record).arrived.load(std::memory_order_relaxed);
+    if (!others_done()) co_await c_.wait_until([this] { return others_done(); });
+  }
+  // An earlier send of ours a member refused fails this call (it needs
+  // every member), as it would fail a call with messages to it.
+  if (t_.report_refused_send_in_arena(op())) co_await c_.wait_until([] { return false; });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto arena_call::wait_arrived() -> detail::task<void> {
+  return c_.wait_until([this] { return all_arrived(); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto arena_call::wait_reduced() -> detail::task<void> {
+  return c_.wait_until([this] { return reached(true); });
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto arena_call::wait_failed() -> detail::task<void> {
+  return c_.wait_until([this] {
+    for (int q = 0; q < n_; ++q)
+      if (q != me_ && t_.arena_peer_gone(op(), global(q))) return false;
+    return false;
+  });
+}
+
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::arena_call::enter<void>() -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::arena_call::wait_arrived<void>() -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::arena_call::wait_reduced<void>() -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::arena_call::wait_failed<void>() -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

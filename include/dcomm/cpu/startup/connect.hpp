@@ -75,7 +75,7 @@ inline shm::segment_sizes checked(shm::segment_sizes sizes) {
 // Connects this rank to every peer through the store, shares memory with
 // the peers on its host (cpu/startup/locality.hpp, shm/handover.hpp), and starts
 // the transport over the links, on the executor it is awaited from.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<transport>> connect_transport(
+DCOMM_EMIT_ON_USE asio::awaitable<std::shared_ptr<transport>> connect_transport(
     std::shared_ptr<store> s, int rank, int world, mesh_options mesh, transport_options options,
     detail::clock::time_point deadline, shm_options shm = {}) {
   auto ex = co_await asio::this_coro::executor;
@@ -130,3 +130,9 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<std::shared_ptr<transport>> connect_tra
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::connect_transport<void>(std::shared_ptr<store> s, int rank, int world, mesh_options mesh, transport_options options, detail::clock::time_point deadline, shm_options shm) -> asio::awaitable<std::shared_ptr<transport>>)
+// clang-format on
+// End of the separate-compilation block.

@@ -93,9 +93,9 @@ inline std::int64_t clock_offset(std::string_view theirs, std::string_view mine)
 }
 
 // What a rank publishes: its host identity, then its clock.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_host(std::shared_ptr<store> s,
-                                                            const std::string& prefix, int rank,
-                                                            const std::string& host) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> publish_host(std::shared_ptr<store> s,
+                                                     const std::string& prefix, int rank,
+                                                     const std::string& host) {
   const std::string key = prefix + "/host/" + std::to_string(rank);
   co_await s->set(key, host + "\n" + clock_to_publish());
 }
@@ -110,7 +110,7 @@ struct peers_published {
   std::vector<std::int64_t> clock_offsets;
 };
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<peers_published> read_peers_published(
+DCOMM_EMIT_ON_USE asio::awaitable<peers_published> read_peers_published(
     std::shared_ptr<store> s, const std::string& prefix, int rank, int world,
     const std::string& mine, detail::clock::time_point deadline) {
   std::vector<std::string> ids(static_cast<std::size_t>(world));
@@ -161,3 +161,10 @@ inline std::vector<int> ranks_on_this_host(const std::vector<int>& host_of, int 
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::publish_host<void>(std::shared_ptr<store> s, const std::string& prefix, int rank, const std::string& host) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::read_peers_published<void>(std::shared_ptr<store> s, const std::string& prefix, int rank, int world, const std::string& mine, detail::clock::time_point deadline) -> asio::awaitable<peers_published>)
+// clang-format on
+// End of the separate-compilation block.

@@ -88,9 +88,9 @@ inline std::pair<std::string, std::uint16_t> parse_address(const std::string& wh
 
 // Rank `peer`'s mesh address, read from the store. A store that failed
 // blames whom it names (its host's notice: the cause the host left for).
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::string> read_address(
-    std::shared_ptr<store> s, int rank, int peer, const std::string& key,
-    detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_address(std::shared_ptr<store> s, int rank,
+                                                            int peer, const std::string& key,
+                                                            detail::clock::time_point deadline) {
   std::exception_ptr failure;
   try {
     co_return co_await s->get(key, detail::time_left(deadline));
@@ -108,7 +108,7 @@ inline constexpr auto store_recheck_interval = std::chrono::milliseconds(250);
 
 // Connects to lower rank `peer` and completes the handshake, retrying a
 // handshake that broke halfway until the deadline.
-DCOMM_EMIT_ON_USE inline asio::awaitable<detail::ip_tcp::socket> connect_to(
+DCOMM_EMIT_ON_USE asio::awaitable<detail::ip_tcp::socket> connect_to(
     std::shared_ptr<store> s, int rank, int peer, const mesh_options& options,
     const detail::handshake_config& config, detail::clock::time_point deadline) {
   auto executor = co_await asio::this_coro::executor;
@@ -224,9 +224,9 @@ inline std::pair<cpu::fail_reason, int> cause_of(const std::exception_ptr& failu
 }
 
 // Step 1: publishes where this rank listens, for the higher ranks to read.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_address(std::shared_ptr<store> s,
-                                                               const acceptance& st,
-                                                               const mesh_options& options) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> publish_address(std::shared_ptr<store> s,
+                                                        const acceptance& st,
+                                                        const mesh_options& options) {
   const std::string key = options.key_prefix + "/addr/" + std::to_string(st.rank);
   const std::string here =
       options.advertise_host + " " + std::to_string(st.acceptor.local_endpoint().port());
@@ -247,9 +247,10 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> publish_address(std::shared_ptr<s
 // Step 2 (while the accept loop runs): connects to every lower rank in turn,
 // watching each one connected, until a connected rank is lost. Returns the
 // failure to connect, if any.
-DCOMM_EMIT_ON_USE inline asio::awaitable<std::exception_ptr> connect_down(
-    std::shared_ptr<store> s, std::shared_ptr<acceptance> st, const mesh_options& options,
-    mesh_sockets& sockets) {
+DCOMM_EMIT_ON_USE asio::awaitable<std::exception_ptr> connect_down(std::shared_ptr<store> s,
+                                                                   std::shared_ptr<acceptance> st,
+                                                                   const mesh_options& options,
+                                                                   mesh_sockets& sockets) {
   auto executor = co_await asio::this_coro::executor;
   std::exception_ptr failure;
   try {
@@ -329,9 +330,9 @@ inline void check_all_in(acceptance& st, mesh_sockets& sockets) {
 // Connects rank `rank` of `world` to every other rank through the store `s`
 // (see the top of this file); one deadline for all of it. On failure, every
 // peer connected so far hears why, and the error names the culprit.
-DCOMM_EMIT_ON_USE inline asio::awaitable<mesh_sockets> connect_mesh(
-    std::shared_ptr<store> s, int rank, int world, mesh_options options,
-    detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<mesh_sockets> connect_mesh(std::shared_ptr<store> s, int rank,
+                                                             int world, mesh_options options,
+                                                             detail::clock::time_point deadline) {
   using namespace mesh_detail;
   detail::require_crypto_for(options.job_token, "tcp mesh");
   auto executor = co_await asio::this_coro::executor;
@@ -362,3 +363,13 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<mesh_sockets> connect_mesh(
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::read_address<void>(std::shared_ptr<store> s, int rank, int peer, const std::string& key, detail::clock::time_point deadline) -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::connect_to<void>(std::shared_ptr<store> s, int rank, int peer, const mesh_options& options, const detail::handshake_config& config, detail::clock::time_point deadline) -> asio::awaitable<detail::ip_tcp::socket>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::publish_address<void>(std::shared_ptr<store> s, const acceptance& st, const mesh_options& options) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::connect_down<void>(std::shared_ptr<store> s, std::shared_ptr<acceptance> st, const mesh_options& options, mesh_sockets& sockets) -> asio::awaitable<std::exception_ptr>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::connect_mesh<void>(std::shared_ptr<store> s, int rank, int world, mesh_options options, detail::clock::time_point deadline) -> asio::awaitable<mesh_sockets>)
+// clang-format on
+// End of the separate-compilation block.

@@ -196,8 +196,8 @@ struct acceptance {
 // failed: the goodbye names the cause), or, done with its own mesh, sends a
 // first frame of its transport (alive: the watch ends). The bytes are only
 // peeked at: the transport reads them.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance> st,
-                                                     detail::ip_tcp::socket& socket, int peer) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> watch(std::shared_ptr<acceptance> st,
+                                              detail::ip_tcp::socket& socket, int peer) {
   st->watched.push_back(&socket);
   for (;;) {
     asio::error_code ec;
@@ -233,8 +233,8 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> watch(std::shared_ptr<acceptance>
   }
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
-                                                             detail::ip_tcp::socket socket) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> handshake_one(std::shared_ptr<acceptance> st,
+                                                      detail::ip_tcp::socket socket) {
   const std::uint64_t id = st->next_id++;
   st->silent[id] = &socket;
   asio::error_code ec;
@@ -326,7 +326,7 @@ inline bool make_room(acceptance& st) {
   return false;
 }
 
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> accept_loop(std::shared_ptr<acceptance> st) {
   auto executor = co_await asio::this_coro::executor;
   while (!st->finished) {
     asio::error_code ec;
@@ -355,3 +355,11 @@ DCOMM_EMIT_ON_USE inline asio::awaitable<void> accept_loop(std::shared_ptr<accep
 }
 
 }  // namespace dcomm::cpu::mesh_detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::watch<void>(std::shared_ptr<acceptance> st, detail::ip_tcp::socket& socket, int peer) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::handshake_one<void>(std::shared_ptr<acceptance> st, detail::ip_tcp::socket socket) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::mesh_detail::accept_loop<void>(std::shared_ptr<acceptance> st) -> asio::awaitable<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -181,9 +181,8 @@ inline void shm_link::write() {
 }
 
 // Reads from the ring, waiting in `readable` while it is empty.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::size_t> shm_link::read_ring(char* dst,
-                                                                                  std::size_t n,
-                                                                                  bool all) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::size_t> shm_link::read_ring(char* dst, std::size_t n,
+                                                                           bool all) {
   std::size_t got = 0;
   for (;;) {
     got += ring.read_some(dst ? dst + got : nullptr, n - got);
@@ -195,7 +194,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::size_t> shm_link::read_rin
 // Waits until the ring from the peer holds bytes; throws once the link is
 // closed here (operation_aborted) or the peer is gone and everything it
 // wrote has been read (eof), as a socket read would.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> shm_link::readable() {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> shm_link::readable() {
   // Its own timer, in this frame: an I/O object must not outlive its
   // io_context, and the transport may.
   asio::steady_timer timer(socket_.get_executor(), detail::clock::time_point::max());
@@ -231,8 +230,7 @@ inline void shm_link::start() {
 // after this wait began that was true before it: a socket not yet
 // connected reports a hang-up): a peek that would block means the peer is
 // still there.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> shm_link::watch(
-    std::shared_ptr<link_events> keep) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> shm_link::watch(std::shared_ptr<link_events> keep) {
   asio::error_code ec;
   for (;;) {
     std::tie(ec) = co_await socket_.async_wait(asio::socket_base::wait_read, detail::use_task);
@@ -311,3 +309,11 @@ inline bool shm_link::read_offered(void* dst, std::size_t n, const wire_header& 
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_link::read_ring<void>(char* dst, std::size_t n, bool all) -> detail::task<std::size_t>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_link::readable<void>() -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::shm_link::watch<void>(std::shared_ptr<link_events> keep) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

@@ -121,8 +121,9 @@ inline void socket_link::write() {
       });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::size_t> socket_link::read_socket(
-    void* dst, std::size_t n, bool all) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::size_t> socket_link::read_socket(void* dst,
+                                                                                std::size_t n,
+                                                                                bool all) {
   if (all) {
     auto [ec, got] = co_await asio::async_read(
         socket_, asio::buffer(dst, n),
@@ -139,3 +140,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::size_t> socket_link::read_
 }
 
 }  // namespace dcomm::cpu
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::socket_link::read_socket<void>(void* dst, std::size_t n, bool all) -> detail::task<std::size_t>)
+// clang-format on
+// End of the separate-compilation block.

@@ -318,39 +318,7 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 
   // Fails the op (if it has not failed), takes back its items and waits
   // until no socket operation references them; then throws the failure.
-  DCOMM_EMIT_ON_USE detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr) {
-    if (!op.failure)
-      op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
-    if (op.collective && !op.notified) notify_group(op);
-    for (auto& it : op.items) cancel_item(it, true);
-    // A message in progress finishes on its own (the link stays usable);
-    // one that does not within io_grace (a stopped peer, a full socket)
-    // is stopped by closing its link.
-    auto in_flight = [&op] {
-      return std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; });
-    };
-    op.timer().expires_after(io_grace);
-    while (in_flight()) {
-      auto [ec] = co_await op.timer().async_wait(detail::use_task);
-      if (!ec) break;
-    }
-    for (auto& it : op.items)
-      if (it.in_flight && !links_[static_cast<std::size_t>(it.peer)]->lost)
-        lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
-                               "'s call failed: a message in progress did not end in time");
-    // Closing a link completes its socket operations promptly; the bound
-    // only guards against a bug turning into a hang.
-    op.timer().expires_after(std::chrono::seconds(10));
-    while (in_flight()) {
-      auto [ec] = co_await op.timer().async_wait(detail::use_task);
-      if (!ec) {
-        log(detail::log_level::error,
-            "tcp transport: socket operations still pending 10 s after closing");
-        break;
-      }
-    }
-    std::rethrow_exception(op.failure);
-  }
+  DCOMM_EMIT_ON_USE detail::task<void> abandon(op_state& op, std::exception_ptr why = nullptr);
 
   static constexpr auto io_grace = std::chrono::seconds(1);
 
@@ -597,3 +565,15 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 #include "dcomm/cpu/transport/impl/sending.hpp"
 #include "dcomm/cpu/transport/impl/shm_links.hpp"
 #include "dcomm/cpu/transport/impl/shutdown.hpp"
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::abandon<void>(op_state& op, std::exception_ptr why) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::fill<void>(peer_link& l, std::size_t n, bool exact) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::read_payload<void>(peer_link& l, char* dst, std::size_t n) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::reader<void>(std::shared_ptr<transport> self, int peer) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::read_frames<void>(peer_link& l, int peer) -> detail::task<void>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::read_into<void>(peer_link& l, io_item& it, std::size_t bytes) -> detail::task<bool>)
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::listen_bell<void>(std::shared_ptr<transport> self) -> detail::task<void>)
+// clang-format on
+// End of the separate-compilation block.

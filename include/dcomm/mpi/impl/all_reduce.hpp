@@ -69,7 +69,7 @@ class mpi_backend::scratch_lease {
 // p2p_all_reduce_limit bytes runs dcomm's recursive doubling; a larger one
 // whose block per rank is at least ring_all_reduce_block, dcomm's ring;
 // any other, MPI's own.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_context ctx) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::barrier(op_context ctx) {
   check_alive(ctx);
   co_await check_signature(ctx, mpi::signature(operation::barrier));
   if (o_.p2p_all_reduce_limit > 0) {  // an all_reduce of nothing, without MPI's schedule
@@ -81,10 +81,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::barrier(op_c
   co_await wait(&request, 1, ctx);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_reduce(op_context ctx,
-                                                                               const_tensor_view in,
-                                                                               tensor_view out,
-                                                                               reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::all_reduce(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        tensor_view out,
+                                                                        reducer r) {
   check_alive(ctx);
   const int count = mpi::count_of(out.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx,
@@ -127,21 +127,21 @@ class mpi_backend::doubling_exchange {
         landing_(lease_.data()),
         poison_(landing_ + capacity_) {}
 
-  detail::task<bool> give(int peer, std::uint32_t) {
+  DCOMM_EMIT_ON_USE detail::task<bool> give(int peer, std::uint32_t) {
     co_await step(peer, true, false);
     co_return true;
   }
-  detail::task<bool> take(int peer, std::uint32_t) {
+  DCOMM_EMIT_ON_USE detail::task<bool> take(int peer, std::uint32_t) {
     co_await step(peer, false, true);
     const bool well = arrived_well(peer);
     if (well && count_) std::memcpy(out_.data, landing_, out_.bytes());
     co_return well;
   }
-  detail::task<bool> receive(int peer, std::uint32_t) {
+  DCOMM_EMIT_ON_USE detail::task<bool> receive(int peer, std::uint32_t) {
     co_await step(peer, false, true);
     co_return arrived_well(peer);
   }
-  detail::task<bool> swap(int peer, std::uint32_t) {
+  DCOMM_EMIT_ON_USE detail::task<bool> swap(int peer, std::uint32_t) {
     co_await step(peer, true, true);
     co_return arrived_well(peer);
   }
@@ -162,7 +162,7 @@ class mpi_backend::doubling_exchange {
     return "rank " + std::to_string(ctx_.group->ranks[static_cast<std::size_t>(peer)]);
   }
   // One step with `peer`: the value out to it, its value into the landing.
-  detail::task<void> step(int peer, bool send, bool receive) {
+  DCOMM_EMIT_ON_USE detail::task<void> step(int peer, bool send, bool receive) {
     requests_[0] = requests_[1] = MPI_REQUEST_NULL;
     if (receive)
       b_.check(MPI_Irecv(landing_, capacity_, MPI_BYTE, peer, tag_, comm_, &requests_[0]), ctx_);
@@ -199,7 +199,7 @@ class mpi_backend::doubling_exchange {
   MPI_Status statuses_[2];
 };
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all_reduce(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::doubling_all_reduce(
     op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
   if (in.data != out.data && out.bytes()) std::memcpy(out.data, in.data, out.bytes());
   doubling_exchange x(*this, ctx, out, r);
@@ -211,8 +211,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::doubling_all
   r.finish(out.data, out.count, ctx.group->size());
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::ring_all_reduce(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::ring_all_reduce(op_context ctx,
+                                                                             const_tensor_view in,
+                                                                             tensor_view out,
+                                                                             reducer r) {
   const int n = ctx.group->size(), me = ctx.group->rank;
   const std::size_t es = size_of(out.type), count = out.count;
   // Out of place, `in` is read where the first pass over each block

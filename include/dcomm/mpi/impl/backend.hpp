@@ -297,8 +297,10 @@ inline void mpi_backend::fail(int code, const op_context& ctx, std::string peers
                                    : "MPI failed: " + mpi::error_string(code)});
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::wait(
-    MPI_Request* requests, int n, const op_context& ctx, MPI_Status* statuses, std::string peers) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::wait(MPI_Request* requests, int n,
+                                                                  const op_context& ctx,
+                                                                  MPI_Status* statuses,
+                                                                  std::string peers) {
   auto test = [&] {
     int done = 0;
     const int rc = MPI_Testall(n, requests, &done, statuses ? statuses : MPI_STATUSES_IGNORE);
@@ -373,7 +375,7 @@ inline void mpi_backend::timed_out(MPI_Request* requests, int n, bool receives_o
                          std::string(cancelled ? " (the receive was cancelled)" : "")});
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::check_signature(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::check_signature(
     const op_context& ctx, std::uint64_t signature) {
   if (!o_.check_calls) co_return;
   std::uint64_t words[2] = {signature, ~signature};

@@ -33,9 +33,8 @@ inline void check_tag(std::uint64_t tag, int tag_ub, const char* operation) {
 
 }  // namespace mpi
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::send(op_context ctx,
-                                                                         const_tensor_view in,
-                                                                         int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::send(op_context ctx,
+                                                                  const_tensor_view in, int peer) {
   check_alive(ctx);
   mpi::check_tag(ctx.seq, tag_ub_, dcomm::name(ctx.operation));
   const int bytes = mpi::count_of(in.bytes(), dcomm::name(ctx.operation), "byte count");
@@ -47,9 +46,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::send(op_cont
                 "rank " + std::to_string(ctx.group->ranks[static_cast<std::size_t>(peer)]));
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::recv(op_context ctx,
-                                                                         tensor_view out,
-                                                                         int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::recv(op_context ctx, tensor_view out,
+                                                                  int peer) {
   check_alive(ctx);
   mpi::check_tag(ctx.seq, tag_ub_, dcomm::name(ctx.operation));
   const int bytes = mpi::count_of(out.bytes(), dcomm::name(ctx.operation), "byte count");
@@ -73,9 +71,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::recv(op_cont
                            std::to_string(bytes) + " bytes"});
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::broadcast(op_context ctx,
-                                                                              tensor_view buf,
-                                                                              int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::broadcast(op_context ctx,
+                                                                       tensor_view buf, int root) {
   check_alive(ctx);
   const int count = mpi::count_of(buf.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx, mpi::signature(operation::broadcast, buf.type, buf.count, root));
@@ -84,10 +81,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::broadcast(op
   co_await wait(&request, 1, ctx);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce(op_context ctx,
-                                                                           const_tensor_view in,
-                                                                           tensor_view out,
-                                                                           reducer r, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::reduce(op_context ctx,
+                                                                    const_tensor_view in,
+                                                                    tensor_view out, reducer r,
+                                                                    int root) {
   check_alive(ctx);
   const int count = mpi::count_of(in.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx, mpi::signature(operation::reduce, in.type, in.count, root, r.kind));
@@ -103,10 +100,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce(op_co
 }
 
 // in: n blocks (root only); out: one block (on the root, perhaps in's own).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::scatter(op_context ctx,
-                                                                            const_tensor_view in,
-                                                                            tensor_view out,
-                                                                            int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::scatter(op_context ctx,
+                                                                     const_tensor_view in,
+                                                                     tensor_view out, int root) {
   check_alive(ctx);
   const int count = mpi::count_of(out.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx, mpi::signature(operation::scatter, out.type, out.count, root));
@@ -123,10 +119,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::scatter(op_c
 }
 
 // in: one block (on the root, perhaps out's own); out: n blocks (root only).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::gather(op_context ctx,
-                                                                           const_tensor_view in,
-                                                                           tensor_view out,
-                                                                           int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::gather(op_context ctx,
+                                                                    const_tensor_view in,
+                                                                    tensor_view out, int root) {
   check_alive(ctx);
   const int count = mpi::count_of(in.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx, mpi::signature(operation::gather, in.type, in.count, root));
@@ -143,9 +138,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::gather(op_co
   co_await wait(&request, 1, ctx);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_gather(op_context ctx,
-                                                                               const_tensor_view in,
-                                                                               tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::all_gather(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        tensor_view out) {
   check_alive(ctx);
   const int count = mpi::count_of(in.count, dcomm::name(ctx.operation));
   co_await check_signature(ctx, mpi::signature(operation::all_gather, in.type, in.count));
@@ -161,8 +156,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_gather(o
 
 // in: n blocks; out: one block, which may be one of in's (then the result
 // is made apart and copied: MPI's buffers may not overlap).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce_scatter(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::reduce_scatter(op_context ctx,
+                                                                            const_tensor_view in,
+                                                                            tensor_view out,
+                                                                            reducer r) {
   check_alive(ctx);
   const int count = mpi::count_of(out.count, dcomm::name(ctx.operation));
   co_await check_signature(
@@ -182,9 +179,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::reduce_scatt
   r.finish(out.data, out.count, ctx.group->size());
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_to_all(op_context ctx,
-                                                                               const_tensor_view in,
-                                                                               tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> mpi_backend::all_to_all(op_context ctx,
+                                                                        const_tensor_view in,
+                                                                        tensor_view out) {
   check_alive(ctx);
   const std::size_t block = in.count / static_cast<std::size_t>(ctx.group->size());
   const int count = mpi::count_of(block, dcomm::name(ctx.operation));
@@ -195,8 +192,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> mpi_backend::all_to_all(o
   co_await wait(&request, 1, ctx);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
-mpi_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::vector<std::size_t>> mpi_backend::all_gather_v(
+    op_context ctx, const_tensor_view in, output_allocator alloc) {
   check_alive(ctx);
   const std::size_t n = static_cast<std::size_t>(ctx.group->size());
   mpi::count_of(in.count, dcomm::name(ctx.operation));
@@ -226,9 +223,9 @@ mpi_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator
   co_return counts;
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
-mpi_backend::all_to_all_v(op_context ctx, const_tensor_view in,
-                          std::vector<std::size_t> send_counts, output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::vector<std::size_t>> mpi_backend::all_to_all_v(
+    op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
+    output_allocator alloc) {
   check_alive(ctx);
   const std::size_t n = static_cast<std::size_t>(ctx.group->size());
   std::vector<int> send_sizes(n), send_offsets(n), recv_sizes(n), recv_offsets(n);

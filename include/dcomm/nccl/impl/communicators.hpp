@@ -18,9 +18,9 @@
 
 namespace dcomm {
 
-DCOMM_EMIT_ON_USE_DEFINITION inline asio::awaitable<std::shared_ptr<nccl_backend>>
-nccl_backend::create(std::shared_ptr<store> s, int rank, int world, std::string job_token,
-                     std::string store_host, options o, detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE_DEFINITION asio::awaitable<std::shared_ptr<nccl_backend>> nccl_backend::create(
+    std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host,
+    options o, detail::clock::time_point deadline) {
   static_cast<void>(job_token);   // the store is authenticated already; NCCL's
   static_cast<void>(store_host);  // bootstrap finds its own interfaces
   auto ex = co_await asio::this_coro::executor;
@@ -150,7 +150,7 @@ inline void nccl_backend::start_split(std::uint64_t parent_id, detail::clock::ti
                 [](std::exception_ptr) {});
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::split(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::split(
     std::shared_ptr<nccl_backend> self, group& parent, group* made, std::uint64_t ticket,
     detail::clock::time_point deadline, int color, int key) {
   op_context ctx{.deadline = deadline};

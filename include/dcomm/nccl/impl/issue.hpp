@@ -62,8 +62,10 @@ detail::task<void> nccl_backend::run(const op_context& ctx, std::size_t bytes, E
   st.copy_back();
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::take_turn(
-    group& g, std::uint64_t ticket, const op_context& ctx, const char* operation) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::take_turn(group& g,
+                                                                        std::uint64_t ticket,
+                                                                        const op_context& ctx,
+                                                                        const char* operation) {
   while (g.serving != ticket) {
     check_alive();
     if (detail::clock::now() >= ctx.deadline) timeout(g, ctx, operation, "waiting for its turn");
@@ -76,9 +78,9 @@ inline void nccl_backend::end_turn(group& g) {
   for (auto* t : sleepers_) t->cancel();  // the next in line re-checks at once
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::settle(group& g,
-                                                                            const op_context& ctx,
-                                                                            const char* operation) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::settle(group& g,
+                                                                     const op_context& ctx,
+                                                                     const char* operation) {
   const auto spin_until = detail::clock::now() + o_.spin;
   for (auto pause = std::chrono::microseconds(50);;) {
     check_alive();
@@ -122,8 +124,7 @@ inline void nccl_backend::timeout(group& g, const op_context& ctx, const char* o
   std::rethrow_exception(e);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::nap(
-    detail::clock::time_point until) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::nap(detail::clock::time_point until) {
   asio::steady_timer t(ex_, until);
   sleepers_.push_back(&t);
   co_await t.async_wait(detail::use_task);

@@ -49,9 +49,8 @@ inline void nccl_backend::check_tensor(const const_tensor_view& v, const char* o
   static_cast<void>(nccl::data_type(v.type));
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::send(op_context ctx,
-                                                                          const_tensor_view in,
-                                                                          int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::send(op_context ctx,
+                                                                   const_tensor_view in, int peer) {
   check_tag(ctx);
   co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
@@ -59,9 +58,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::send(op_con
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::recv(op_context ctx,
-                                                                          tensor_view out,
-                                                                          int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::recv(op_context ctx, tensor_view out,
+                                                                   int peer) {
   check_tag(ctx);
   co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
@@ -69,15 +67,14 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::recv(op_con
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::barrier(op_context ctx) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::barrier(op_context ctx) {
   co_await run(ctx, sizeof(float), [&](group& g, cudaStream_t s, nccl::staging&) {
     return ncclAllReduce(g.scratch, g.scratch, 1, ncclFloat32, ncclSum, g.comm, s);
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::broadcast(op_context ctx,
-                                                                               tensor_view buf,
-                                                                               int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::broadcast(op_context ctx,
+                                                                        tensor_view buf, int root) {
   co_await run(ctx, buf.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (buf.count == 0) return ncclSuccess;
     void* d = st.out(buf, g.rank == root);
@@ -85,10 +82,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::broadcast(o
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce(op_context ctx,
-                                                                            const_tensor_view in,
-                                                                            tensor_view out,
-                                                                            reducer r, int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::reduce(op_context ctx,
+                                                                     const_tensor_view in,
+                                                                     tensor_view out, reducer r,
+                                                                     int root) {
   co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const void* src = st.in(in);
@@ -98,8 +95,10 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce(op_c
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_reduce(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::all_reduce(op_context ctx,
+                                                                         const_tensor_view in,
+                                                                         tensor_view out,
+                                                                         reducer r) {
   co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     const bool in_place = in.data == out.data;
@@ -110,16 +109,19 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_reduce(
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_gather(
-    op_context ctx, const_tensor_view in, tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::all_gather(op_context ctx,
+                                                                         const_tensor_view in,
+                                                                         tensor_view out) {
   co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (in.count == 0) return ncclSuccess;
     return ncclAllGather(st.in(in), st.out(out), in.count, nccl::data_type(in.type), g.comm, s);
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce_scatter(
-    op_context ctx, const_tensor_view in, tensor_view out, reducer r) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::reduce_scatter(op_context ctx,
+                                                                             const_tensor_view in,
+                                                                             tensor_view out,
+                                                                             reducer r) {
   co_await run(ctx, in.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     if (out.count == 0) return ncclSuccess;
     return ncclReduceScatter(st.in(in), st.out(out), out.count, nccl::data_type(out.type),
@@ -127,10 +129,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::reduce_scat
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::scatter(op_context ctx,
-                                                                             const_tensor_view in,
-                                                                             tensor_view out,
-                                                                             int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::scatter(op_context ctx,
+                                                                      const_tensor_view in,
+                                                                      tensor_view out, int root) {
   co_await run(ctx, std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = out.bytes();
@@ -146,10 +147,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::scatter(op_
                });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::gather(op_context ctx,
-                                                                            const_tensor_view in,
-                                                                            tensor_view out,
-                                                                            int root) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::gather(op_context ctx,
+                                                                     const_tensor_view in,
+                                                                     tensor_view out, int root) {
   co_await run(ctx, std::max(in.bytes(), out.bytes()),
                [&](group& g, cudaStream_t s, nccl::staging& st) {
                  const std::size_t block = in.bytes();
@@ -165,8 +165,9 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::gather(op_c
                });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_to_all(
-    op_context ctx, const_tensor_view in, tensor_view out) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::all_to_all(op_context ctx,
+                                                                         const_tensor_view in,
+                                                                         tensor_view out) {
   co_await run(ctx, out.bytes(), [&](group& g, cudaStream_t s, nccl::staging& st) {
     const std::size_t block = out.bytes() / unsigned(g.size);
     char* dst = static_cast<char*>(st.out(out, in.data == out.data));
@@ -187,8 +188,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::all_to_all(
   });
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
-nccl_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::vector<std::size_t>> nccl_backend::all_gather_v(
+    op_context ctx, const_tensor_view in, output_allocator alloc) {
   no_stream(ctx);
   std::int64_t mine = static_cast<std::int64_t>(in.count);
   std::vector<std::int64_t> all(static_cast<std::size_t>(ctx.group->size()));
@@ -216,9 +217,9 @@ nccl_backend::all_gather_v(op_context ctx, const_tensor_view in, output_allocato
   co_return counts;
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<std::vector<std::size_t>>
-nccl_backend::all_to_all_v(op_context ctx, const_tensor_view in,
-                           std::vector<std::size_t> send_counts, output_allocator alloc) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<std::vector<std::size_t>> nccl_backend::all_to_all_v(
+    op_context ctx, const_tensor_view in, std::vector<std::size_t> send_counts,
+    output_allocator alloc) {
   no_stream(ctx);
   std::vector<std::int64_t> sending(send_counts.begin(), send_counts.end());
   std::vector<std::int64_t> coming(sending.size());

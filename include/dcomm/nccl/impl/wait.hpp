@@ -17,8 +17,10 @@
 
 namespace dcomm {
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::wait_gpu(
-    cudaEvent_t ev, group& g, const op_context& ctx, const char* operation, std::size_t bytes) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::wait_gpu(cudaEvent_t ev, group& g,
+                                                                       const op_context& ctx,
+                                                                       const char* operation,
+                                                                       std::size_t bytes) {
   const auto start = detail::clock::now();
   detail::clock::duration poll = o_.spin;
   if (o_.spin > detail::clock::duration::zero()) {
@@ -63,7 +65,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::wait_gpu(
     g.estimate.finished(operation, bytes, detail::clock::now() - start);
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::sleep_until_passed(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::sleep_until_passed(
     cudaEvent_t ev, group& g, const op_context& ctx, const char* operation,
     asio::steady_timer& timer) {
   sleepers_.push_back(&timer);
@@ -82,7 +84,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::sleep_until
   }
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> nccl_backend::watch(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> nccl_backend::watch(
     std::shared_ptr<nccl_backend> self, cudaEvent_t ev, std::uint64_t group_id, op_context ctx,
     const char* operation) {
   pooled_event held(*self, ev);

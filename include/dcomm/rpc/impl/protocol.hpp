@@ -181,7 +181,7 @@ inline frame_out failure_frame(errc code, const std::string& detail) {
 }
 
 // Waits for every request, then throws the first failure.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> wait_all(std::vector<request>& requests) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> wait_all(std::vector<request>& requests) {
   std::exception_ptr failure;
   for (auto& r : requests) {
     try {

@@ -82,49 +82,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
 
   // Reads one frame body. Its memory grows with the bytes that arrive, not
   // with the length the peer announces.
-  DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_frame() {
-    give_back(inbound_);  // the previous frame has been handled
-    inbound_ = 0;
-    try {
-      std::array<unsigned char, 4> header{};
-      // Waits as long as it takes: idle time between frames is the peer's.
-      std::size_t got = co_await socket_.async_read_some(asio::buffer(header), asio::use_awaitable);
-      begin_frame();
-      if (got < header.size())
-        co_await asio::async_read(socket_, asio::buffer(header.data() + got, header.size() - got),
-                                  asio::use_awaitable);
-      frame_length_ =
-          static_cast<std::size_t>(header[0]) | static_cast<std::size_t>(header[1]) << 8 |
-          static_cast<std::size_t>(header[2]) << 16 | static_cast<std::size_t>(header[3]) << 24;
-      if (frame_length_ > limits_.max_frame_bytes)
-        throw_error(errc::protocol_error,
-                    {.operation = "read frame",
-                     .expected = "a frame of at most " + std::to_string(limits_.max_frame_bytes) +
-                                 " bytes (max_frame_bytes)",
-                     .seen = std::to_string(frame_length_) + " bytes"});
-      std::string body;
-      std::size_t have = 0;
-      while (have < frame_length_) {
-        if (have == body.size()) {  // full: double it, up to the announced length
-          std::size_t size = std::min(frame_length_, std::max(first_piece, 2 * body.size()));
-          take(size - body.size(), "a frame of " + std::to_string(frame_length_) + " bytes");
-          inbound_ += size - body.size();
-          body.resize(size);
-        }
-        have += co_await asio::async_read(
-            socket_, asio::buffer(body.data() + have, body.size() - have), asio::use_awaitable);
-      }
-      in_frame_ = false;
-      co_return body;
-    } catch (const dcomm::error&) {
-      end_failed_read();
-      throw;
-    } catch (const std::system_error& e) {
-      end_failed_read();
-      if (failure_) std::rethrow_exception(failure_);
-      throw_error(errc::peer_lost, {.operation = "read frame", .detail = e.code().message()});
-    }
-  }
+  DCOMM_EMIT_ON_USE asio::awaitable<std::string> read_frame();
 
   // Queues a frame; frames go out in the order they were queued. Throws if
   // the frame would take the server over its budget; does nothing once the
@@ -208,29 +166,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   // One timer per connection, not one per frame: it wakes at the deadline
   // of the frame in progress, or polls every frame_timeout while idle.
   DCOMM_EMIT_ON_USE static asio::awaitable<void> watch(std::weak_ptr<frame_stream> weak,
-                                                       std::shared_ptr<asio::steady_timer> timer) {
-    for (;;) {
-      asio::error_code ec;
-      co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      auto self = weak.lock();
-      if (!self || self->closed_) co_return;
-      auto now = detail::clock::now();
-      if (self->in_frame_ && now >= self->frame_deadline_) {
-        // Bytes waiting unread mean the reader is behind (its executor did
-        // not run for a while), not that the peer went silent: once per
-        // frame, that earns another frame_timeout.
-        if (self->extended_ || self->socket_.available(ec) == 0 || ec) {
-          self->fail(
-              error(errc::timeout, {.operation = "read frame", .detail = self->stalled_frame()}));
-          co_return;
-        }
-        self->extended_ = true;
-        self->frame_deadline_ = now + self->limits_.frame_timeout;
-      }
-      timer->expires_at(self->in_frame_ ? self->frame_deadline_
-                                        : now + self->limits_.frame_timeout);
-    }
-  }
+                                                       std::shared_ptr<asio::steady_timer> timer);
 
   std::string stalled_frame() const {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(limits_.frame_timeout);
@@ -240,23 +176,7 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
            " ms)";
   }
 
-  DCOMM_EMIT_ON_USE static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self) {
-    while (!self->closed_ && !self->outbox_.empty()) {
-      // Out of the queue before the write: close() may clear the queue
-      // while the write is in flight, and the bytes under it must stay.
-      outgoing frame = std::move(self->outbox_.front());
-      self->outbox_.pop_front();
-      std::array<asio::const_buffer, 2> buffers{asio::buffer(frame.header),
-                                                asio::buffer(frame.body)};
-      asio::error_code ec;
-      co_await asio::async_write(self->socket_, buffers,
-                                 asio::redirect_error(asio::use_awaitable, ec));
-      self->give_back(4 + frame.body.size());
-      if (ec)
-        self->fail(error(errc::peer_lost, {.operation = "send frame", .detail = ec.message()}));
-    }
-    self->writing_ = false;
-  }
+  DCOMM_EMIT_ON_USE static asio::awaitable<void> write_loop(std::shared_ptr<frame_stream> self);
 
   detail::ip_tcp::socket socket_;
   frame_limits limits_;
@@ -274,4 +194,98 @@ class frame_stream : public std::enable_shared_from_this<frame_stream> {
   std::shared_ptr<asio::steady_timer> watch_timer_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto frame_stream::read_frame() -> asio::awaitable<std::string> {
+  give_back(inbound_);  // the previous frame has been handled
+  inbound_ = 0;
+  try {
+    std::array<unsigned char, 4> header{};
+    // Waits as long as it takes: idle time between frames is the peer's.
+    std::size_t got = co_await socket_.async_read_some(asio::buffer(header), asio::use_awaitable);
+    begin_frame();
+    if (got < header.size())
+      co_await asio::async_read(socket_, asio::buffer(header.data() + got, header.size() - got),
+                                asio::use_awaitable);
+    frame_length_ = static_cast<std::size_t>(header[0]) | static_cast<std::size_t>(header[1]) << 8 |
+                    static_cast<std::size_t>(header[2]) << 16 |
+                    static_cast<std::size_t>(header[3]) << 24;
+    if (frame_length_ > limits_.max_frame_bytes)
+      throw_error(errc::protocol_error,
+                  {.operation = "read frame",
+                   .expected = "a frame of at most " + std::to_string(limits_.max_frame_bytes) +
+                               " bytes (max_frame_bytes)",
+                   .seen = std::to_string(frame_length_) + " bytes"});
+    std::string body;
+    std::size_t have = 0;
+    while (have < frame_length_) {
+      if (have == body.size()) {  // full: double it, up to the announced length
+        std::size_t size = std::min(frame_length_, std::max(first_piece, 2 * body.size()));
+        take(size - body.size(), "a frame of " + std::to_string(frame_length_) + " bytes");
+        inbound_ += size - body.size();
+        body.resize(size);
+      }
+      have += co_await asio::async_read(
+          socket_, asio::buffer(body.data() + have, body.size() - have), asio::use_awaitable);
+    }
+    in_frame_ = false;
+    co_return body;
+  } catch (const dcomm::error&) {
+    end_failed_read();
+    throw;
+  } catch (const std::system_error& e) {
+    end_failed_read();
+    if (failure_) std::rethrow_exception(failure_);
+    throw_error(errc::peer_lost, {.operation = "read frame", .detail = e.code().message()});
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto frame_stream::watch(std::weak_ptr<frame_stream> weak,
+                                                      std::shared_ptr<asio::steady_timer> timer)
+    -> asio::awaitable<void> {
+  for (;;) {
+    asio::error_code ec;
+    co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    auto self = weak.lock();
+    if (!self || self->closed_) co_return;
+    auto now = detail::clock::now();
+    if (self->in_frame_ && now >= self->frame_deadline_) {
+      // Bytes waiting unread mean the reader is behind (its executor did
+      // not run for a while), not that the peer went silent: once per
+      // frame, that earns another frame_timeout.
+      if (self->extended_ || self->socket_.available(ec) == 0 || ec) {
+        self->fail(
+            error(errc::timeout, {.operation = "read frame", .detail = self->stalled_frame()}));
+        co_return;
+      }
+      self->extended_ = true;
+      self->frame_deadline_ = now + self->limits_.frame_timeout;
+    }
+    timer->expires_at(self->in_frame_ ? self->frame_deadline_ : now + self->limits_.frame_timeout);
+  }
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto frame_stream::write_loop(std::shared_ptr<frame_stream> self)
+    -> asio::awaitable<void> {
+  while (!self->closed_ && !self->outbox_.empty()) {
+    // Out of the queue before the write: close() may clear the queue
+    // while the write is in flight, and the bytes under it must stay.
+    outgoing frame = std::move(self->outbox_.front());
+    self->outbox_.pop_front();
+    std::array<asio::const_buffer, 2> buffers{asio::buffer(frame.header), asio::buffer(frame.body)};
+    asio::error_code ec;
+    co_await asio::async_write(self->socket_, buffers,
+                               asio::redirect_error(asio::use_awaitable, ec));
+    self->give_back(4 + frame.body.size());
+    if (ec) self->fail(error(errc::peer_lost, {.operation = "send frame", .detail = ec.message()}));
+  }
+  self->writing_ = false;
+}
+
 }  // namespace dcomm::store_detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::store_detail::frame_stream::read_frame<void>() -> asio::awaitable<std::string>)
+DCOMM_INSTANTIATE(auto dcomm::store_detail::frame_stream::watch<void>(std::weak_ptr<frame_stream> weak, std::shared_ptr<asio::steady_timer> timer) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::store_detail::frame_stream::write_loop<void>(std::shared_ptr<frame_stream> self) -> asio::awaitable<void>)
+// clang-format on
+// End of the separate-compilation block.

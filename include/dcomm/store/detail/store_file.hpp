@@ -71,9 +71,9 @@ class locked_file {
 };
 
 // Sleeps for d, but not past the deadline: the backoff of a retry or a poll.
-DCOMM_EMIT_ON_USE inline asio::awaitable<void> wait_backoff(asio::steady_timer& timer,
-                                                            detail::clock::duration d,
-                                                            detail::clock::time_point deadline) {
+DCOMM_EMIT_ON_USE asio::awaitable<void> wait_backoff(asio::steady_timer& timer,
+                                                     detail::clock::duration d,
+                                                     detail::clock::time_point deadline) {
   timer.expires_at(std::min(detail::clock::now() + d, deadline));
   co_await timer.async_wait(asio::use_awaitable);
 }
@@ -164,18 +164,7 @@ class store_file {
   // errc::timeout naming `keys` (the operation's).
   DCOMM_EMIT_ON_USE asio::awaitable<locked_file> acquire(lock_kind kind,
                                                          detail::clock::time_point deadline,
-                                                         const char* op, std::string keys) const {
-    auto backoff = lock_backoff_start;
-    std::optional<asio::steady_timer> timer;
-    for (;;) {
-      if (auto file = try_lock(kind, op)) co_return std::move(*file);
-      const auto now = detail::clock::now();
-      if (now >= deadline) lock_timeout(kind, op, std::move(keys));
-      if (!timer) timer.emplace(co_await asio::this_coro::executor);
-      co_await wait_backoff(*timer, backoff, deadline);
-      backoff = std::min<detail::clock::duration>(backoff * 2, lock_backoff_cap);
-    }
-  }
+                                                         const char* op, std::string keys) const;
 
   // For the constructor and the destructor, which cannot suspend.
   locked_file acquire_blocking(lock_kind kind, detail::clock::time_point deadline,
@@ -246,4 +235,27 @@ class store_file {
   std::string path_;
 };
 
+DCOMM_EMIT_ON_USE_DEFINITION auto store_file::acquire(lock_kind kind,
+                                                      detail::clock::time_point deadline,
+                                                      const char* op, std::string keys) const
+    -> asio::awaitable<locked_file> {
+  auto backoff = lock_backoff_start;
+  std::optional<asio::steady_timer> timer;
+  for (;;) {
+    if (auto file = try_lock(kind, op)) co_return std::move(*file);
+    const auto now = detail::clock::now();
+    if (now >= deadline) lock_timeout(kind, op, std::move(keys));
+    if (!timer) timer.emplace(co_await asio::this_coro::executor);
+    co_await wait_backoff(*timer, backoff, deadline);
+    backoff = std::min<detail::clock::duration>(backoff * 2, lock_backoff_cap);
+  }
+}
+
 }  // namespace dcomm::store_detail
+
+// Separate compilation (tools/separate_compilation.py writes this block).
+// clang-format off
+DCOMM_INSTANTIATE(auto dcomm::store_detail::wait_backoff<void>(asio::steady_timer& timer, detail::clock::duration d, detail::clock::time_point deadline) -> asio::awaitable<void>)
+DCOMM_INSTANTIATE(auto dcomm::store_detail::store_file::acquire<void>(lock_kind kind, detail::clock::time_point deadline, const char* op, std::string keys) const -> asio::awaitable<locked_file>)
+// clang-format on
+// End of the separate-compilation block.

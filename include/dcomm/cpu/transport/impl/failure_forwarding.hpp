@@ -533,4 +533,39 @@ inline void transport::fail_for_refused_send(op_state& op, int peer, const refus
   for (auto& it : op.items) cancel_item(it, true);
 }
 
+DCOMM_EMIT_ON_USE_DEFINITION auto transport::abandon(op_state& op, std::exception_ptr why)
+    -> detail::task<void> {
+  if (!op.failure)
+    op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
+  if (op.collective && !op.notified) notify_group(op);
+  for (auto& it : op.items) cancel_item(it, true);
+  // A message in progress finishes on its own (the link stays usable);
+  // one that does not within io_grace (a stopped peer, a full socket)
+  // is stopped by closing its link.
+  auto in_flight = [&op] {
+    return std::any_of(op.items.begin(), op.items.end(), [](auto& i) { return i.in_flight; });
+  };
+  op.timer().expires_after(io_grace);
+  while (in_flight()) {
+    auto [ec] = co_await op.timer().async_wait(detail::use_task);
+    if (!ec) break;
+  }
+  for (auto& it : op.items)
+    if (it.in_flight && !links_[static_cast<std::size_t>(it.peer)]->lost)
+      lose_link(it.peer, "closed after rank " + std::to_string(rank_) +
+                             "'s call failed: a message in progress did not end in time");
+  // Closing a link completes its socket operations promptly; the bound
+  // only guards against a bug turning into a hang.
+  op.timer().expires_after(std::chrono::seconds(10));
+  while (in_flight()) {
+    auto [ec] = co_await op.timer().async_wait(detail::use_task);
+    if (!ec) {
+      log(detail::log_level::error,
+          "tcp transport: socket operations still pending 10 s after closing");
+      break;
+    }
+  }
+  std::rethrow_exception(op.failure);
+}
+
 }  // namespace dcomm::cpu

@@ -162,8 +162,8 @@ inline bool transport::from_stage(peer_link& l, void* dst, std::size_t n) {
 // `exact`: read no further than n bytes, so that a large payload behind
 // them is left in the link for read_payload to read straight into its
 // buffer instead of through the stage (a copy of half of each chunk).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::fill(peer_link& l, std::size_t n,
-                                                                       bool exact) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::fill(peer_link& l, std::size_t n,
+                                                                bool exact) {
   if (l.end - l.begin >= n) co_return;
   if (l.begin > 0) {
     std::memmove(l.stage.data(), l.stage.data() + l.begin, l.end - l.begin);
@@ -180,9 +180,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::fill(peer_link
 }
 
 // Reads n payload bytes into dst (nullptr: discard them).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_payload(peer_link& l,
-                                                                               char* dst,
-                                                                               std::size_t n) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::read_payload(peer_link& l, char* dst,
+                                                                        std::size_t n) {
   for (;;) {
     std::size_t take = std::min(n, l.end - l.begin);
     if (dst && take) std::memcpy(dst, l.stage.data() + l.begin, take);
@@ -200,8 +199,8 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_payload(p
   }
 }
 
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::reader(
-    std::shared_ptr<transport> self, int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::reader(std::shared_ptr<transport> self,
+                                                                  int peer) {
   peer_link& l = *self->links_[static_cast<std::size_t>(peer)];
   std::string why;
   try {
@@ -235,8 +234,7 @@ DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::reader(
 // per message would allocate (Asio recycles few frames per thread), so
 // the helpers are awaited only when the stage cannot serve the bytes; what
 // needs no waiting is in plain functions (below).
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::read_frames(peer_link& l,
-                                                                              int peer) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::read_frames(peer_link& l, int peer) {
   for (;;) {
     // While a large payload is due (we sent cts), read headers on their own:
     // one more small read per frame, one copy less per payload byte.
@@ -423,9 +421,8 @@ inline void transport::on_cts(peer_link& l, int peer, const wire_header& h) {
 // pieces (with it.progress, of that size, waking the op after each). A
 // receive cancelled meanwhile (its call failed) has the rest read and
 // dropped, so the link stays in step; false then: `it` is no longer ours.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<bool> transport::read_into(peer_link& l,
-                                                                            io_item& it,
-                                                                            std::size_t bytes) {
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<bool> transport::read_into(peer_link& l, io_item& it,
+                                                                     std::size_t bytes) {
   it.in_flight = true;
   l.reading = &it;
   while (bytes) {

@@ -160,7 +160,7 @@ inline bool transport::poll_shm(const op_state* spinner) {
 // it finds it asleep and writes its eventfd, which wakes this coroutine.
 // The descriptor lives in this frame (an I/O object must not outlive its
 // io_context, and the transport may); close_bell_if_unused closes it.
-DCOMM_EMIT_ON_USE_DEFINITION inline detail::task<void> transport::listen_bell(
+DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::listen_bell(
     std::shared_ptr<transport> self) {
   const auto me = static_cast<std::size_t>(self->shm_me_);
   const int fd = ::dup(self->shm_->bell_fds()[me]);
