@@ -104,8 +104,11 @@ run_tests() {
   local jobs
   jobs=$(nproc)
   local logs=() status=0
-  # name, compiler, options, targets, tests: g++ builds and runs everything,
-  # checks every header alone and builds the libtorch interop; clang checks
+  # name, compiler, options, targets, tests: g++ builds and runs everything
+  # in the separate-compilation mode (dcomm's coroutines compiled once, in
+  # the dcomm library: a quarter off its build), checks every header alone
+  # and builds the libtorch interop; the other builds stay header-only, the
+  # default, and test it; clang checks
   # every translation unit with -fsyntax-only (its diagnostics, -Werror; a
   # third of the time of a build: tests/syntax_check.py), without OpenSSL;
   # the sanitizer build runs the suites under ASan+UBSan, without OpenSSL
