@@ -34,6 +34,16 @@
 // translation unit instantiates none of them, nor what they call; src.hpp
 // instantiates them all, once. Without the macro the lines are nothing:
 // header-only, as by default. tools/separate_compilation.py writes them.
+// A function that is not a template, defined in a file that the separate-
+// compilation mode keeps out of a user's translation units (the CPU
+// transport's impl/): inline header-only, a plain definition in the
+// library, which then holds its one copy.
+#if defined(DCOMM_SEPARATE_COMPILATION)
+#define DCOMM_DECL
+#else
+#define DCOMM_DECL inline
+#endif
+
 #if defined(DCOMM_SEPARATE_COMPILATION) && defined(DCOMM_SOURCE)
 #define DCOMM_INSTANTIATE(...) template __VA_ARGS__;
 #elif defined(DCOMM_SEPARATE_COMPILATION)

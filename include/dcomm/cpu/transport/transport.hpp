@@ -560,11 +560,16 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 
 }  // namespace dcomm::cpu
 
+#include "dcomm/cpu/transport/impl/spin.hpp"
+// The members' bodies: header-only everywhere, in the separate-compilation
+// mode in the library alone (DCOMM_DECL, detail/asio.hpp).
+#if !defined(DCOMM_SEPARATE_COMPILATION) || defined(DCOMM_SOURCE)
 #include "dcomm/cpu/transport/impl/failure_forwarding.hpp"
 #include "dcomm/cpu/transport/impl/receiving.hpp"
 #include "dcomm/cpu/transport/impl/sending.hpp"
 #include "dcomm/cpu/transport/impl/shm_links.hpp"
 #include "dcomm/cpu/transport/impl/shutdown.hpp"
+#endif
 
 // Separate compilation (tools/separate_compilation.py writes this block).
 // clang-format off

@@ -23,8 +23,9 @@
 namespace dcomm::cpu {
 
 // Errors that name the op, its group and sequence number.
-inline std::exception_ptr transport::make_error(errc code, const op_state& op, std::string peers,
-                                                std::string detail, std::string address) const {
+DCOMM_DECL std::exception_ptr transport::make_error(errc code, const op_state& op,
+                                                    std::string peers, std::string detail,
+                                                    std::string address) const {
   std::string where;
   if (op.collective)
     where = "call #" + std::to_string(op.seq) + " on " + std::string(op.group_name) + ": ";
@@ -40,7 +41,7 @@ inline std::exception_ptr transport::make_error(errc code, const op_state& op, s
 
 // The connection to `peer` is gone. If the peer said goodbye naming the
 // failure that made it leave, the first cause is blamed, not the peer.
-inline std::exception_ptr transport::lost_error(op_state& op, int peer) {
+DCOMM_DECL std::exception_ptr transport::lost_error(op_state& op, int peer) {
   const peer_link& l = *links_[static_cast<std::size_t>(peer)];
   int culprit = peer;
   std::string detail = l.why.empty() ? std::string("the connection is closed") : l.why;
@@ -61,7 +62,7 @@ inline std::exception_ptr transport::lost_error(op_state& op, int peer) {
 // At the deadline. After a probe (collectives), the ranks that did not
 // answer or had not entered the call are to blame; else the peers whose
 // messages this rank was still waiting for.
-inline std::exception_ptr transport::timeout_error(op_state& op) {
+DCOMM_DECL std::exception_ptr transport::timeout_error(op_state& op) {
   if (op.probe) {
     std::vector<int> silent, absent, waiting_too, finished;
     for (std::size_t i = 0; i < op.members.size(); ++i) {
@@ -139,19 +140,19 @@ inline std::exception_ptr transport::timeout_error(op_state& op) {
                                     : "the deadline passed without hearing from these peers");
 }
 
-inline std::string transport::rank_list(const std::vector<int>& ranks) {
+DCOMM_DECL std::string transport::rank_list(const std::vector<int>& ranks) {
   return ranks.size() == 1 ? "rank " + std::to_string(ranks.front())
                            : "ranks " + detail::format_ranks(ranks);
 }
 
-inline void transport::note_cause(fail_reason reason, int culprit) {
+DCOMM_DECL void transport::note_cause(fail_reason reason, int culprit) {
   if (first_reason_ != fail_reason::none || reason == fail_reason::none) return;
   first_reason_ = reason;
   first_culprit_ = culprit;
 }
 
 // A frame about a collective call as a whole (not one of its messages).
-inline wire_header transport::call_frame(msg_kind kind, const op_state& op) {
+DCOMM_DECL wire_header transport::call_frame(msg_kind kind, const op_state& op) {
   wire_header h;
   h.kind = kind;
   h.collective = 1;
@@ -164,7 +165,7 @@ inline wire_header transport::call_frame(msg_kind kind, const op_state& op) {
 // Asks every live member of a collective that reached its deadline where
 // it is in the call; the answers (or their absence) name the culprit.
 // False if there is nobody to ask.
-inline bool transport::probe_group(op_state& op) {
+DCOMM_DECL bool transport::probe_group(op_state& op) {
   if (!op.collective || stopped()) return false;
   op.probe = std::make_unique<op_state::probe_answers>();
   op.probe->answers.assign(op.members.size(), call_progress{});
@@ -181,7 +182,7 @@ inline bool transport::probe_group(op_state& op) {
   return true;
 }
 
-inline void transport::on_probe_reply(int peer, const wire_header& h) {
+DCOMM_DECL void transport::on_probe_reply(int peer, const wire_header& h) {
   for (op_state* op = ops_; op; op = op->next_op) {
     if (!op->collective || op->group != h.group || op->seq != h.seq || !op->probe) continue;
     for (std::size_t i = 0; i < op->members.size(); ++i)
@@ -194,7 +195,7 @@ inline void transport::on_probe_reply(int peer, const wire_header& h) {
 }
 
 // Where this rank is in `group` (a probe's answer, group_whereabouts).
-inline void transport::tell_whereabouts(std::uint64_t group, wire_header& reply) const {
+DCOMM_DECL void transport::tell_whereabouts(std::uint64_t group, wire_header& reply) const {
   const op_state* oldest = nullptr;
   for (const op_state* op = ops_; op; op = op->next_op)
     if (op->collective && op->group == group && (!oldest || op->seq < oldest->seq)) oldest = op;
@@ -214,8 +215,8 @@ inline void transport::tell_whereabouts(std::uint64_t group, wire_header& reply)
 
 // "it is in broadcast #56 of the group (made 31.2 s ago)", or where it
 // stopped: for a member that had not entered the timed-out call.
-inline std::string transport::whereabouts(int peer, const op_state& op,
-                                          const group_whereabouts& w) const {
+DCOMM_DECL std::string transport::whereabouts(int peer, const op_state& op,
+                                              const group_whereabouts& w) const {
   std::string s = "rank " + std::to_string(peer) + " had not entered this call: ";
   if (w.in_call) {
     char ago[32];
@@ -230,7 +231,7 @@ inline std::string transport::whereabouts(int peer, const op_state& op,
 }
 
 // Where this rank is in call `seq` of `group` (a probe's answer).
-inline call_progress transport::progress_of(std::uint64_t group, std::uint64_t seq) const {
+DCOMM_DECL call_progress transport::progress_of(std::uint64_t group, std::uint64_t seq) const {
   for (const op_state* op = ops_; op; op = op->next_op)
     if (op->collective && op->group == group && op->seq == seq) return call_progress::in_call;
   auto it = entered_.find(group);
@@ -239,15 +240,16 @@ inline call_progress transport::progress_of(std::uint64_t group, std::uint64_t s
 }
 
 // The collective in progress here with this group and sequence number.
-inline op_state* transport::active_call(std::uint64_t group, std::uint64_t seq) {
+DCOMM_DECL op_state* transport::active_call(std::uint64_t group, std::uint64_t seq) {
   for (op_state* op = ops_; op; op = op->next_op)
     if (op->collective && op->group == group && op->seq == seq) return op;
   return nullptr;
 }
 
 // For notify_group: both calls of a mismatch found here.
-inline void transport::remember_mismatch(std::uint64_t group, std::uint64_t seq, int peer,
-                                         const call_signature& ours, const call_signature& theirs) {
+DCOMM_DECL void transport::remember_mismatch(std::uint64_t group, std::uint64_t seq, int peer,
+                                             const call_signature& ours,
+                                             const call_signature& theirs) {
   failed_call f;
   f.code = errc::mismatch;
   f.origin = rank_;
@@ -258,7 +260,7 @@ inline void transport::remember_mismatch(std::uint64_t group, std::uint64_t seq,
 }
 
 // Adds to the record of failed calls (bounded: failed_calls.hpp).
-inline void transport::record_failure(std::uint64_t group, std::uint64_t seq, failed_call f) {
+DCOMM_DECL void transport::record_failure(std::uint64_t group, std::uint64_t seq, failed_call f) {
   auto e = entered_.find(group);
   const bool entered = e != entered_.end() && seq < e->second;
   failed_calls_.add(call_id{group, seq}, std::move(f), entered,
@@ -266,7 +268,7 @@ inline void transport::record_failure(std::uint64_t group, std::uint64_t seq, fa
 }
 
 // Rank `peer` made a different collective call than `op`.
-inline void transport::mismatched_call(op_state& op, int peer, const call_signature& theirs) {
+DCOMM_DECL void transport::mismatched_call(op_state& op, int peer, const call_signature& theirs) {
   if (op.failure) return;
   note_cause(fail_reason::mismatch, peer);
   op.culprit = peer;
@@ -282,7 +284,7 @@ inline void transport::mismatched_call(op_state& op, int peer, const call_signat
 // told by a peer passes it on as well: its fail frames reach the others
 // before its links close, so that none of them takes the close for the
 // cause.
-inline void transport::notify_group(op_state& op) {
+DCOMM_DECL void transport::notify_group(op_state& op) {
   op.notified = true;
   fail_reason reason = fail_reason::other;
   try {
@@ -330,8 +332,8 @@ inline void transport::notify_group(op_state& op) {
 // A fail frame: a collective failed on a peer (`theirs`: a mismatch's
 // other call, the culprit's, if sent), or a receive of the peer refused a
 // send from here.
-inline void transport::on_fail_frame(int peer, const wire_header& h, const call_signature* theirs,
-                                     std::string finding) {
+DCOMM_DECL void transport::on_fail_frame(int peer, const wire_header& h,
+                                         const call_signature* theirs, std::string finding) {
   if (!h.collective) return on_refused_send(peer, h);  // the only other fail frame (check_match)
   failed_call f = reported_failure(peer, h, theirs, std::move(finding));
   for (op_state* op = ops_; op; op = op->next_op)
@@ -345,9 +347,9 @@ inline void transport::on_fail_frame(int peer, const wire_header& h, const call_
 
 // How a collective failed, from a peer's fail frame (`finding`: what the
 // rank that found it said of the cause; empty: nothing said).
-inline failed_call transport::reported_failure(int peer, const wire_header& h,
-                                               const call_signature* theirs,
-                                               std::string finding) const {
+DCOMM_DECL failed_call transport::reported_failure(int peer, const wire_header& h,
+                                                   const call_signature* theirs,
+                                                   std::string finding) const {
   const auto reason = static_cast<fail_reason>(h.cookie);
   // A collective's: cookie2 names the rank to blame (the lost one, the
   // one a timeout found stuck, the other side of a mismatch), step the
@@ -409,7 +411,7 @@ inline failed_call transport::reported_failure(int peer, const wire_header& h,
 }
 
 // Fails `op` with a failure a peer reported.
-inline void transport::fail_reported(op_state& op, const failed_call& f) {
+DCOMM_DECL void transport::fail_reported(op_state& op, const failed_call& f) {
   op.origin = f.origin;
   if (f.lost >= 0) op.lost_rank = f.lost;
   op.culprit = f.culprit;
@@ -436,7 +438,7 @@ inline void transport::fail_reported(op_state& op, const failed_call& f) {
 // posts a message to it (report_refused_send): a blocking send of an eager
 // message returns before its receiver sees it, so that is the earliest the
 // sender can learn it.
-inline void transport::on_refused_send(int peer, const wire_header& h) {
+DCOMM_DECL void transport::on_refused_send(int peer, const wire_header& h) {
   note_cause(fail_reason::mismatch, peer);
   const refused_send r{.group = h.group,
                        .tag = h.seq,
@@ -471,8 +473,8 @@ inline void transport::on_refused_send(int peer, const wire_header& h) {
 // What a refused send had and what the receive of `peer` expected:
 // "<send> had 40 bytes (float32 x 10), rank 1 expected 40 bytes (int32 x
 // 10): dtype mismatch".
-inline std::string transport::refused_send_detail(const refused_send& r, int peer,
-                                                  const std::string& send) {
+DCOMM_DECL std::string transport::refused_send_detail(const refused_send& r, int peer,
+                                                      const std::string& send) {
   return send + " had " + describe_message(r.sent_type, r.sent) + ", rank " + std::to_string(peer) +
          " expected " + describe_message(r.receive.type, r.expected) + ": " +
          p2p_mismatch(r.sent_type, r.sent, r.receive.type, r.expected) +
@@ -481,7 +483,7 @@ inline std::string transport::refused_send_detail(const refused_send& r, int pee
 
 // An item is posted to `it.peer`: if a send of ours to it was refused and
 // no operation has reported that yet, this one does (true: `it` failed).
-inline bool transport::report_refused_send(io_item& it) {
+DCOMM_DECL bool transport::report_refused_send(io_item& it) {
   auto& pending = links_[static_cast<std::size_t>(it.peer)]->refused;
   if (!pending || it.op->failure) return false;
   const refused_send r = *pending;
@@ -493,7 +495,7 @@ inline bool transport::report_refused_send(io_item& it) {
 
 // A call that enters the arena needs every member: the first send of
 // ours one of them refused, not reported yet, fails it (true).
-inline bool transport::report_refused_send_in_arena(op_state& op) {
+DCOMM_DECL bool transport::report_refused_send_in_arena(op_state& op) {
   for (int p : op.members) {
     auto& pending = links_[static_cast<std::size_t>(p)]->refused;
     if (p == rank_ || !pending || op.failure) continue;
@@ -506,7 +508,7 @@ inline bool transport::report_refused_send_in_arena(op_state& op) {
 }
 
 // Whether report_refused_send_in_arena would fail `op`.
-inline bool transport::refused_send_pending(const op_state& op) const {
+DCOMM_DECL bool transport::refused_send_pending(const op_state& op) const {
   if (op.failure) return false;
   for (int p : op.members)
     if (p != rank_ && links_[static_cast<std::size_t>(p)]->refused) return true;
@@ -517,7 +519,7 @@ inline bool transport::refused_send_pending(const op_state& op) const {
 // it, and takes its items back at once: a message that arrives next (on the
 // same link, right behind the fail frame) is for a later receive, not for a
 // receive of this failed op.
-inline void transport::fail_for_refused_send(op_state& op, int peer, const refused_send& r) {
+DCOMM_DECL void transport::fail_for_refused_send(op_state& op, int peer, const refused_send& r) {
   op.refused_send = true;
   op.culprit = peer;
   const std::string rank = "rank " + std::to_string(peer);

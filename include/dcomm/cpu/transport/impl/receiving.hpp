@@ -21,7 +21,7 @@ namespace dcomm::cpu {
 
 // Posting a receive: it takes a message that came first, or waits in the
 // link's posted list (a send from here the peer refused fails it first).
-inline void transport::post_recv(io_item& it) {
+DCOMM_DECL void transport::post_recv(io_item& it) {
   it.id = ++next_id_;
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
@@ -54,7 +54,7 @@ inline void transport::post_recv(io_item& it) {
 // collective's message carries its call's whole signature; a send's, its
 // dtype and count: the dtype must be the receive's too (as torch asks: a
 // uint8 buffer is no wildcard), and the size, which then says the count.
-inline bool transport::check_match(io_item& it, const wire_header& h) {
+DCOMM_DECL bool transport::check_match(io_item& it, const wire_header& h) {
   const bool same_call = h.collective ? h.sig == it.sig : h.sig.type == it.sig.type;
   if (same_call && h.bytes == it.bytes) {
     // What the sender knew of the call's arrivals (detail/arrivals.hpp).
@@ -101,7 +101,7 @@ inline bool transport::check_match(io_item& it, const wire_header& h) {
 
 // A large receive found its rts: read the data from the sender's buffer
 // where it offered it (a peer of this host), else ask for it.
-inline void transport::start_data(peer_link& l, io_item& it, const wire_header& rts) {
+DCOMM_DECL void transport::start_data(peer_link& l, io_item& it, const wire_header& rts) {
   if (rts.cookie2 && l.link->read_offered(it.recv_buffer, it.bytes, rts)) {
     wire_header c = rts;
     c.kind = msg_kind::cts;
@@ -122,7 +122,7 @@ inline void transport::start_data(peer_link& l, io_item& it, const wire_header& 
   start_write(it.peer);
 }
 
-inline io_item* transport::take_posted(peer_link& l, const match_key& key) {
+DCOMM_DECL io_item* transport::take_posted(peer_link& l, const match_key& key) {
   auto p =
       std::find_if(l.posted.begin(), l.posted.end(), [&](io_item* i) { return i->key == key; });
   if (p == l.posted.end()) return nullptr;
@@ -136,7 +136,7 @@ inline io_item* transport::take_posted(peer_link& l, const match_key& key) {
 // this rank is in that call and made a different one (a mismatch,
 // whatever the message's step: algorithms of different calls need not
 // use the same steps).
-inline bool transport::keep_unexpected(int peer, const wire_header& h) {
+DCOMM_DECL bool transport::keep_unexpected(int peer, const wire_header& h) {
   if (failed_calls_.contains(call_id{h.group, h.seq})) return false;
   op_state* op = active_call(h.group, h.seq);
   if (!op) return true;
@@ -150,7 +150,7 @@ inline bool transport::keep_unexpected(int peer, const wire_header& h) {
 
 // Takes n payload bytes from the stage if it holds them all (dst ==
 // nullptr: discards them).
-inline bool transport::from_stage(peer_link& l, void* dst, std::size_t n) {
+DCOMM_DECL bool transport::from_stage(peer_link& l, void* dst, std::size_t n) {
   if (l.end - l.begin < n) return false;
   if (dst && n) std::memcpy(dst, l.stage.data() + l.begin, n);
   l.begin += n;
@@ -287,7 +287,7 @@ DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::read_frames(peer_link
 }
 
 // The next frame's header, from the stage (which holds it).
-inline wire_header transport::take_header(peer_link& l, int peer) const {
+DCOMM_DECL wire_header transport::take_header(peer_link& l, int peer) const {
   wire_header h;
   std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
   l.begin += sizeof h;
@@ -303,8 +303,8 @@ inline wire_header transport::take_header(peer_link& l, int peer) const {
 // An eager message: for the oldest receive posted with its key (refused if
 // it does not fit), else kept until one is posted, unless it is a
 // collective's that nobody will want (keep_unexpected).
-inline transport::payload_target transport::eager_target(peer_link& l, int peer,
-                                                         const wire_header& h) {
+DCOMM_DECL transport::payload_target transport::eager_target(peer_link& l, int peer,
+                                                             const wire_header& h) {
   if (io_item* it = take_posted(l, key_of(h))) {
     if (!check_match(*it, h)) return {};  // refused
     return {static_cast<char*>(it->recv_buffer) + it->arrived, it, nullptr};
@@ -317,7 +317,7 @@ inline transport::payload_target transport::eager_target(peer_link& l, int peer,
 
 // An eager message read into `msg`: a receive may have been posted while
 // its payload was read; else it waits for one.
-inline void transport::file_unexpected(peer_link& l, unexpected_msg* msg) {
+DCOMM_DECL void transport::file_unexpected(peer_link& l, unexpected_msg* msg) {
   const wire_header& h = msg->header;
   if (io_item* late = take_posted(l, key_of(h))) {
     if (check_match(*late, h)) {
@@ -333,7 +333,7 @@ inline void transport::file_unexpected(peer_link& l, unexpected_msg* msg) {
 // A data frame: the whole payload, or a staged send's next part (at offset
 // cookie2), for the receive that sent cts; dropped if that receive was
 // cancelled.
-inline transport::payload_target transport::data_target(peer_link& l, const wire_header& h) {
+DCOMM_DECL transport::payload_target transport::data_target(peer_link& l, const wire_header& h) {
   auto found = std::find_if(l.awaiting_data.begin(), l.awaiting_data.end(),
                             [&](io_item* i) { return i->id == h.cookie; });
   if (found == l.awaiting_data.end() || h.cookie2 != (*found)->arrived ||
@@ -344,7 +344,7 @@ inline transport::payload_target transport::data_target(peer_link& l, const wire
 }
 
 // A data frame arrived for `it`: done once all of it has.
-inline void transport::data_arrived(peer_link& l, io_item& it) {
+DCOMM_DECL void transport::data_arrived(peer_link& l, io_item& it) {
   if (it.arrived == it.bytes) {
     std::erase(l.awaiting_data, &it);
     complete(it);
@@ -354,7 +354,7 @@ inline void transport::data_arrived(peer_link& l, io_item& it) {
 }
 
 // The frames without a payload to read: rts, cts, probe, probe_reply, bye.
-inline void transport::on_control_frame(peer_link& l, int peer, const wire_header& h) {
+DCOMM_DECL void transport::on_control_frame(peer_link& l, int peer, const wire_header& h) {
   switch (h.kind) {
     case msg_kind::rts:
       return on_rts(l, peer, h);
@@ -381,7 +381,7 @@ inline void transport::on_control_frame(peer_link& l, int peer, const wire_heade
 
 // A large message is announced: ask for its data if its receive is posted,
 // else keep the announcement for the receive.
-inline void transport::on_rts(peer_link& l, int peer, const wire_header& h) {
+DCOMM_DECL void transport::on_rts(peer_link& l, int peer, const wire_header& h) {
   io_item* it = take_posted(l, key_of(h));
   if (it) {
     if (check_match(*it, h)) start_data(l, *it, h);
@@ -394,7 +394,7 @@ inline void transport::on_rts(peer_link& l, int peer, const wire_header& h) {
 
 // The receiver of a large send is ready: its data goes (a staged send's,
 // part by part as they become ready).
-inline void transport::on_cts(peer_link& l, int peer, const wire_header& h) {
+DCOMM_DECL void transport::on_cts(peer_link& l, int peer, const wire_header& h) {
   auto found = std::find_if(l.awaiting_cts.begin(), l.awaiting_cts.end(),
                             [&](io_item* i) { return i->id == h.cookie; });
   if (found == l.awaiting_cts.end()) return;  // that send was cancelled

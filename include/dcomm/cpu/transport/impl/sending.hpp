@@ -13,7 +13,7 @@
 
 namespace dcomm::cpu {
 
-inline wire_header transport::header_for(const io_item& it) const {
+DCOMM_DECL wire_header transport::header_for(const io_item& it) const {
   wire_header h;
   h.collective = it.key.collective;
   h.sig = it.sig;
@@ -27,7 +27,7 @@ inline wire_header transport::header_for(const io_item& it) const {
 
 // Posting a send: a small one goes as one eager frame, a large (or staged)
 // one is announced by rts and waits for the receiver's cts.
-inline void transport::post_send(io_item& it) {
+DCOMM_DECL void transport::post_send(io_item& it) {
   it.id = ++next_id_;
   if (report_refused_send(it)) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
@@ -53,13 +53,13 @@ inline void transport::post_send(io_item& it) {
 
 // A staged send's first `ready` bytes may go (posted with it.staged; the
 // parts are sent in order, once the receiver has answered).
-inline void transport::send_ready(io_item& it, std::size_t ready) {
+DCOMM_DECL void transport::send_ready(io_item& it, std::size_t ready) {
   it.ready = std::min(ready, it.bytes);
   if (it.state == item_state::queued) queue_parts(it);
 }
 
 // The data frames of a staged send's ready bytes not handed out yet.
-inline void transport::queue_parts(io_item& it) {
+DCOMM_DECL void transport::queue_parts(io_item& it) {
   if (it.queued >= it.ready || it.finished()) return;
   if (links_[static_cast<std::size_t>(it.peer)]->lost)
     return fail_item(it, lost_error(*it.op, it.peer));
@@ -76,7 +76,7 @@ inline void transport::queue_parts(io_item& it) {
 
 // Writing: the link writes what is queued, in order, as far as it can now
 // (a link that is writing already goes on by itself).
-inline void transport::start_write(int peer) {
+DCOMM_DECL void transport::start_write(int peer) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
   if (l.lost) return;
   l.link->write();
@@ -84,8 +84,8 @@ inline void transport::start_write(int peer) {
 
 // The link wrote the first `frames` frames (or failed to): their sends are
 // done, unless a staged send has parts to come.
-inline void transport::written(int peer, std::size_t frames, std::size_t bytes,
-                               const asio::error_code& ec) {
+DCOMM_DECL void transport::written(int peer, std::size_t frames, std::size_t bytes,
+                                   const asio::error_code& ec) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
   for (std::size_t i = 0; i < frames; ++i) {
     io_item* it = l.frames[i].item;
@@ -107,14 +107,14 @@ inline void transport::written(int peer, std::size_t frames, std::size_t bytes,
 // A send whose buffer the peer may be reading leaves awaiting_cts without
 // its answer (its call failed, the link closed): the link says so before
 // the buffer goes back to the caller.
-inline void transport::withdraw_offer(peer_link& l, io_item& it) {
+DCOMM_DECL void transport::withdraw_offer(peer_link& l, io_item& it) {
   if (it.offered) l.link->withdraw_offer();
   it.offered = false;
 }
 
 // Takes back an item of a failed op. I/O in progress on its buffer can
 // only be stopped by closing the link (the stream would be out of step).
-inline void transport::cancel_item(io_item& it, bool let_io_finish) {
+DCOMM_DECL void transport::cancel_item(io_item& it, bool let_io_finish) {
   if (it.finished() && !it.in_flight) return;
   peer_link& l = *links_[static_cast<std::size_t>(it.peer)];
   switch (it.state) {

@@ -31,7 +31,7 @@ namespace dcomm::cpu {
 
 // The segment shared with the ranks of shm.local (make_link gives them
 // shared memory links).
-inline void transport::use_shm(const shm_links& shm) {
+DCOMM_DECL void transport::use_shm(const shm_links& shm) {
   const auto me = std::find(shm.local.begin(), shm.local.end(), rank_);
   shm_me_ = static_cast<int>(me - shm.local.begin());
   shm_local_ = shm.local;
@@ -52,7 +52,7 @@ inline void transport::use_shm(const shm_links& shm) {
 // This rank's whereabouts on its board (shm/whereabouts.hpp), at each
 // collective's start and end (`left`: the one that just ended): for the
 // ranks of this host, when a probe of theirs finds this one silent.
-inline void transport::post_whereabouts(const op_state* left) {
+DCOMM_DECL void transport::post_whereabouts(const op_state* left) {
   if (!shm_) return;
   const op_state* oldest = nullptr;  // the list runs newest first
   for (const op_state* op = ops_; op; op = op->next_op)
@@ -72,7 +72,7 @@ inline void transport::post_whereabouts(const op_state* left) {
 
 // What a silent peer of this host last wrote on its board, as a clause of
 // a timeout's message ("" where it cannot be read).
-inline std::string transport::board_whereabouts(int peer, const op_state& op) const {
+DCOMM_DECL std::string transport::board_whereabouts(int peer, const op_state& op) const {
   const shm_link* s = shm_of(peer);
   if (!shm_ || !s) return {};
   const auto r = shm_->board(s->local).read();
@@ -113,8 +113,8 @@ inline std::string transport::board_whereabouts(int peer, const op_state& op) co
 // the reader. Whether a message taken woke an op other than `spinner`
 // (whose handler then waits for the scheduler): the spinner's own receives
 // only need its condition looked at again.
-inline bool transport::read_eager_inline(peer_link& l, shm_link& s, int peer,
-                                         const op_state* spinner) {
+DCOMM_DECL bool transport::read_eager_inline(peer_link& l, shm_link& s, int peer,
+                                             const op_state* spinner) {
   bool woke = false;
   while (l.between_frames && s.reader_waiting && l.begin == l.end && s.open()) {
     wire_header h;
@@ -141,7 +141,7 @@ inline bool transport::read_eager_inline(peer_link& l, shm_link& s, int peer,
 // whose rings have bytes (or whose peer is gone) and resumes writers that
 // have room again. Whether any handler now waits to run (a message taken
 // for `spinner` alone does not count: spin_shm looks at its condition).
-inline bool transport::poll_shm(const op_state* spinner) {
+DCOMM_DECL bool transport::poll_shm(const op_state* spinner) {
   bool any = false;
   for (int p : shm_peers_) {
     shm_link& s = *shm_of(p);
@@ -189,74 +189,10 @@ DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::listen_bell(
   }
 }
 
-// Polls the links for up to shm_spin, without leaving the executor (a
-// yield through a strand would allocate; where the ranks outnumber the
-// cores, sched_yield lends the core between looks): true as soon as a reader was
-// woken or a writer went on, whose handlers run once the caller waits.
-// Peers that write meanwhile find this rank awake and ring no bell.
-// `pred` (the waiting op's condition) is polled too: a call in the arena
-// waits for stores, not for messages. Once the bell says asleep again,
-// the arena's holder is woken for a last look (a peer that arrived while
-// this rank polled for another call rang no bell).
-template <class Pred>
-bool transport::spin_shm(const op_state& spinner, Pred pred) {
-  shm::doorbell_word& bell = shm_->bell(static_cast<std::size_t>(shm_me_));
-  bell.state.store(shm::doorbell_word::awake, std::memory_order_relaxed);
-  // The clock is read first at the 16th look, and the spin lasts shm_spin
-  // from there: most spins end within a few looks, and a read before the
-  // first one delayed the sight of a peer's arrival (docs/performance.md,
-  // "Figures behind the code").
-  detail::clock::time_point until{};
-  bool found = false;
-  for (int i = 0; !(found = poll_shm(&spinner) || pred()); ++i) {
-    if (options_.shm_yield)
-      ::sched_yield();
-    else
-      shm::cpu_relax();
-    if ((i & 15) == 15 || options_.shm_yield) {
-      const auto now = detail::clock::now();
-      if (until == detail::clock::time_point{})
-        until = now + options_.shm_spin;
-      else if (now >= until)
-        break;
-    }
-  }
-  // The caller goes on working: the bell stays awake until the io_context
-  // gets to settle_bell, which it does before it could block (its
-  // scheduler runs what is queued first). Peers writing meanwhile ring no
-  // bell: back-to-back calls would otherwise cost each side an eventfd
-  // write and a wake-up per call. Queued on the io_context, not the
-  // strand: queued work holds a strand, and the next call could not start
-  // inside its caller.
-  auto* strand = detail::executor_target<detail::io_strand>(ex_);
-  if (found && strand) {
-    if (!bell_settling_) {
-      bell_settling_ = true;
-      detail::post_pooled(strand->get_inner_executor(), [self = shared_from_this()] {
-        auto* s = detail::executor_target<detail::io_strand>(self->ex_);
-        asio::dispatch(*s, asio::bind_allocator(detail::pool_allocator<void>{},
-                                                [self] { self->settle_bell(); }));
-      });
-    }
-    return true;
-  }
-  if (found && detail::executor_target<detail::io_executor>(ex_)) {
-    if (!bell_settling_) {
-      bell_settling_ = true;
-      detail::post_pooled(ex_, [self = shared_from_this()] { self->settle_bell(); });
-    }
-    return true;
-  }
-  bell.state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  wake_arena_holder();
-  return poll_shm(&spinner) || found || pred();
-}
-
 // The bell asleep again after a spin that found what it waited for, then
 // a last look: a write made before this store is seen by the poll, one
 // made after rings the bell (as in listen_bell).
-inline void transport::settle_bell() {
+DCOMM_DECL void transport::settle_bell() {
   bell_settling_ = false;
   shm_->bell(static_cast<std::size_t>(shm_me_))
       .state.store(shm::doorbell_word::asleep, std::memory_order_seq_cst);
@@ -267,7 +203,7 @@ inline void transport::settle_bell() {
 
 // Once no shared memory link is open, the doorbell closes too (its
 // listener holds the transport).
-inline void transport::close_bell_if_unused() {
+DCOMM_DECL void transport::close_bell_if_unused() {
   if (!bell_ || !bell_->is_open()) return;
   for (int p : shm_peers_)
     if (shm_of(p)->open()) return;
@@ -277,12 +213,13 @@ inline void transport::close_bell_if_unused() {
 
 // --- single copy (shm/single_copy.hpp) ---
 
-inline bool transport::may_read(int p) {
+DCOMM_DECL bool transport::may_read(int p) {
   shm_link* s = shm_of(p);
   return s && s->may_read();
 }
 
-inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t from, std::size_t n) {
+DCOMM_DECL int transport::read_peer(op_state& op, int p, void* to, std::uint64_t from,
+                                    std::size_t n) {
   shm_link& s = *shm_of(p);
   const int saved = errno;
   const auto read = s.read_memory(to, from, n);
@@ -301,7 +238,7 @@ inline int transport::read_peer(op_state& op, int p, void* to, std::uint64_t fro
 
 // --- the arenas (cpu/algorithms/shm_arena.hpp) ---
 
-inline transport::arena_seat* transport::arena_of(const group_state& g) {
+DCOMM_DECL transport::arena_seat* transport::arena_of(const group_state& g) {
   if (!shm_ || g.size() < 2) return nullptr;
   for (arena_seat& seat : arenas_)
     if (seat.group == g.id) return &seat;
@@ -318,12 +255,12 @@ inline transport::arena_seat* transport::arena_of(const group_state& g) {
 }
 
 // Calls take an arena in the order they queued (the order they started).
-inline void transport::queue_for_arena(arena_seat& seat, op_state& op) {
+DCOMM_DECL void transport::queue_for_arena(arena_seat& seat, op_state& op) {
   (seat.last ? seat.last->next_on_arena : seat.first) = &op;
   seat.last = &op;
 }
 
-inline void transport::leave_arena(arena_seat& seat, op_state& op) {
+DCOMM_DECL void transport::leave_arena(arena_seat& seat, op_state& op) {
   op_state* before = nullptr;
   for (op_state* i = seat.first; i && i != &op; i = i->next_on_arena) before = i;
   (before ? before->next_on_arena : seat.first) = op.next_on_arena;
@@ -337,28 +274,28 @@ inline void transport::leave_arena(arena_seat& seat, op_state& op) {
 // A reader of a ring handled every frame it read: the arena's holder
 // waiting for the rings may go on, and an op that woke the reader polls
 // again.
-inline void transport::reader_idle() {
+DCOMM_DECL void transport::reader_idle() {
   for (arena_seat& seat : arenas_)
     if (seat.reading_rings && seat.first) seat.first->wake();
   for (op_state* op = ops_; op; op = op->next_op)
     if (std::exchange(op->polls_after_readers, false)) op->wake();
 }
 
-inline void transport::wake_arena_holder() {
+DCOMM_DECL void transport::wake_arena_holder() {
   for (arena_seat& seat : arenas_)
     if (seat.first) seat.first->wake();
 }
 
 // After a release store that a sleeping peer must see: either its last
 // look sees the store or this sees it asleep (shm::ring).
-inline void transport::ring_local_peers() {
+DCOMM_DECL void transport::ring_local_peers() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const auto& fds = shm_->bell_fds();
   for (std::size_t i = 0; i < fds.size(); ++i)
     if (static_cast<int>(i) != shm_me_) shm::ring(shm_->bell(i), fds[i]);
 }
 
-inline bool transport::arena_peer_gone(op_state& op, int peer) {
+DCOMM_DECL bool transport::arena_peer_gone(op_state& op, int peer) {
   if (!links_[static_cast<std::size_t>(peer)]->lost) return false;
   fail_op(op, lost_error(op, peer));
   return true;
@@ -369,7 +306,7 @@ inline bool transport::arena_peer_gone(op_state& op, int peer) {
 // report of a send of ours it refused, above all), which must fail this
 // call, not the next one. (The mark is the link's, not the arena's: a
 // step of another group's arena that notes later only asks for more.)
-inline void transport::note_arena_rings(const op_state& op) {
+DCOMM_DECL void transport::note_arena_rings(const op_state& op) {
   for (int p : op.members)
     if (shm_link* s = p == rank_ ? nullptr : shm_of(p))
       s->read_before_step = s->ring.peer_written();
@@ -378,7 +315,7 @@ inline void transport::note_arena_rings(const op_state& op) {
 // Whether the readers have read that far. A reader handles what it read
 // before it waits again (it waits only in shm_readable), and it runs on
 // this executor: once the bytes are read, their frames are handled.
-inline bool transport::arena_rings_read(arena_seat& seat, const op_state& op) {
+DCOMM_DECL bool transport::arena_rings_read(arena_seat& seat, const op_state& op) {
   for (int p : op.members) {
     shm_link* s = p == rank_ ? nullptr : shm_of(p);
     if (!s || links_[static_cast<std::size_t>(p)]->lost || s->peer_gone || !s->open()) continue;
@@ -391,7 +328,7 @@ inline bool transport::arena_rings_read(arena_seat& seat, const op_state& op) {
   return true;
 }
 
-inline void transport::arena_mismatch(op_state& op, int peer, const call_signature& theirs) {
+DCOMM_DECL void transport::arena_mismatch(op_state& op, int peer, const call_signature& theirs) {
   mismatched_call(op, peer, theirs);
 }
 

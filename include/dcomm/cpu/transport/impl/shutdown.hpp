@@ -19,7 +19,7 @@ namespace dcomm::cpu {
 
 // Fails every pending and future operation; closes every link (after a
 // goodbye, if it can go out at once).
-inline void transport::abort() {
+DCOMM_DECL void transport::abort() {
   if (aborted_) return;
   const bool was_closed = closed_;
   aborted_ = true;
@@ -38,7 +38,7 @@ inline void transport::abort() {
 // the peer's bytes unread, would reset the connection and lose them.) A
 // link still busy after `close_grace` is cut. `closed` runs once every
 // link is closed.
-inline void transport::close(std::function<void()> closed) {
+DCOMM_DECL void transport::close(std::function<void()> closed) {
   if (closed_ || aborted_) {
     if (closed) closed();
     return;
@@ -56,8 +56,8 @@ inline void transport::close(std::function<void()> closed) {
 }
 
 // One step of close(): every millisecond until each link is closed.
-inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
-                             detail::clock::time_point cut) {
+DCOMM_DECL void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
+                                 detail::clock::time_point cut) {
   const bool late = detail::clock::now() >= cut;
   bool open = false;
   for (auto& l : links_) {
@@ -83,13 +83,13 @@ inline void transport::drain(const std::shared_ptr<asio::steady_timer>& timer,
 }
 
 // After close(): the last link is closed.
-inline void transport::closed_all() {
+DCOMM_DECL void transport::closed_all() {
   if (auto timer = close_timer_.lock()) timer->cancel();
   if (auto closed = std::exchange(on_closed_, {})) closed();
 }
 
 // The last frame on every live link before an orderly close.
-inline void transport::say_goodbye() {
+DCOMM_DECL void transport::say_goodbye() {
   const wire_header b = goodbye(first_reason_, first_culprit_);
   for (int p = 0; p < world_; ++p) {
     peer_link& l = *links_[static_cast<std::size_t>(p)];
@@ -101,7 +101,7 @@ inline void transport::say_goodbye() {
 
 // Closes the link at once (a goodbye on the side, where its kind sends one
 // and it was not lost); the doorbell goes with the last link that needs it.
-inline void transport::close_link(peer_link& l) {
+DCOMM_DECL void transport::close_link(peer_link& l) {
   if (!l.link->open()) return;
   const wire_header bye = goodbye(first_reason_, first_culprit_);
   l.link->close(l.lost ? nullptr : &bye);
@@ -114,7 +114,7 @@ inline void transport::close_link(peer_link& l) {
 // Start-up failed here after the transport started: goodbyes name the
 // rank `failure` blames, also where a peer still in its own start-up
 // watches only the mesh's socket (mesh_detail::watch).
-inline void transport::leave_start_up(const std::exception_ptr& failure) {
+DCOMM_DECL void transport::leave_start_up(const std::exception_ptr& failure) {
   auto [reason, culprit] = mesh_detail::cause_of(failure);
   note_cause(reason, culprit);
   const wire_header bye = goodbye(first_reason_, first_culprit_);
@@ -124,7 +124,7 @@ inline void transport::leave_start_up(const std::exception_ptr& failure) {
 
 // A goodbye the link heard outside its frames: one that came in them
 // says more (it is the last frame, after everything the peer sent).
-inline void transport::heard_goodbye(int peer, const wire_header& bye) {
+DCOMM_DECL void transport::heard_goodbye(int peer, const wire_header& bye) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
   if (l.said_bye) return;
   l.said_bye = true;
@@ -132,7 +132,7 @@ inline void transport::heard_goodbye(int peer, const wire_header& bye) {
 }
 
 // The connection to `peer` is gone: everything that needs it fails.
-inline void transport::lose_link(int peer, std::string why) {
+DCOMM_DECL void transport::lose_link(int peer, std::string why) {
   peer_link& l = *links_[static_cast<std::size_t>(peer)];
   if (l.lost) return;
   l.lost = true;
