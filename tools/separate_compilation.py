@@ -4,7 +4,7 @@
 dcomm's coroutines that are not templates are declared DCOMM_EMIT_ON_USE
 (detail/asio.hpp): function templates of an unused parameter, instantiated
 as f<void>. In the separate-compilation mode (DCOMM_SEPARATE_COMPILATION,
-docs/building.md) a user's translation unit declares each of them an
+README's "Using it in your project") a user's translation unit declares each of them an
 explicit instantiation (`extern template`) and compiles none of them; the
 library's one source file (dcomm/impl/src.hpp) instantiates them all. This
 script lists them: for every header that dcomm/dcomm.hpp includes, one
@@ -36,7 +36,7 @@ def closure(inc, entry):
             continue
         seen.add(h)
         text = open(os.path.join(inc, h)).read()
-        todo += [m for m in re.findall(r'^#include "(dcomm/[^"]+)"', text, re.M)]
+        todo += re.findall(r'^#include "(dcomm/[^"]+)"', text, re.M)
     return sorted(seen)
 
 
@@ -89,10 +89,7 @@ def declaration(head, scopes):
     before, params, after = text[:open_paren], text[open_paren + 1:close], text[close + 1:]
     m = re.match(r'^(.*?)(\w+)\s*$', before)
     result, name = m.group(1).strip(), m.group(2)
-    kept = []
-    for p in split_top(params):
-        p = split_top(p, '=')[0].strip()
-        kept.append(p)
+    kept = [split_top(p, '=')[0].strip() for p in split_top(params)]
     after = re.sub(r'\boverride\b|\bfinal\b', '', after)
     after = ' '.join(after.split())
     qualified = '::'.join(n for _, n in scopes) + '::' + name
@@ -120,7 +117,7 @@ def instantiations(text):
                 elif depth == 0 and s[j] in '{;':
                     break
                 j += 1
-            d = declaration(s[i:j], [sc for sc in scopes])
+            d = declaration(s[i:j], scopes)
             if d:
                 out.append(d)
         if ch in ';}':

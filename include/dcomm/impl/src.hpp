@@ -6,7 +6,8 @@
 #pragma once
 
 #if !defined(DCOMM_SEPARATE_COMPILATION)
-#error "dcomm/impl/src.hpp is the separate-compilation library: define DCOMM_SEPARATE_COMPILATION (in every translation unit)"
+#error \
+    "dcomm/impl/src.hpp is the separate-compilation library: define DCOMM_SEPARATE_COMPILATION (in every translation unit)"
 #endif
 
 #define DCOMM_SOURCE 1
