@@ -371,6 +371,53 @@ TEST_SUITE("cpu faults") {
     }
   }
 
+  // A silent rank may only be slow (a loaded host): the culprit the
+  // timeout's fail frames name is the rank that answered it had not
+  // entered, so that the slow one, told, names that rank and not itself.
+  TEST_CASE("a timeout blames a rank that had not entered before one too slow to answer") {
+    DCOMM_TEST_DEADLINE(120s);
+    dcomm::test::listening_socket master;
+    auto results = dcomm::test::fork_world(4, 60s, [&](int rank) -> int {
+      dcomm::test::set_rank_environment(master, rank, 4);
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 20s});
+      const auto pids = c.all_gather_object(static_cast<std::int32_t>(::getpid()), dcomm::blocking);
+      std::vector<float> v(16, 1.0f);
+      if (rank == 1) {
+        std::this_thread::sleep_for(5s);  // absent: its thread answers "not entered"
+        return finished;
+      }
+      if (rank == 2) {
+        // Stopped in the call (it cannot answer the probe) until rank 0
+        // has judged; its own deadline far off, so that what it says is
+        // what the others told it.
+        std::thread([] {
+          std::this_thread::sleep_for(100ms);
+          ::raise(SIGSTOP);
+        }).detach();
+      }
+      int code = finished;
+      try {
+        c.all_reduce(v, dcomm::sum, {.timeout = rank == 2 ? 30s : 2s}, dcomm::blocking);
+      } catch (const dcomm::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        // Ranks 0 and 3 name both (their own probe), or rank 1 (the
+        // other's fail frame came first); rank 2 is told by them.
+        const std::set<int> named = blamed(e);
+        const bool right = named == std::set<int>{1} || (rank != 2 && named == std::set<int>{1, 2});
+        code = e.code() == dcomm::errc::timeout && right ? named_it : blamed_another;
+      }
+      if (rank == 0) {
+        std::this_thread::sleep_for(1s);  // rank 3 has judged too
+        ::kill(pids[2], SIGCONT);
+      }
+      if (rank != 2) std::this_thread::sleep_for(2s);  // rank 2 reads the fail frames first
+      return code;
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[1].exit_code == finished);
+    for (int r : {0, 2, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == named_it);
+  }
+
   TEST_CASE("chaos: 50 random kills at start-up, mid-collective and at shutdown") {
     DCOMM_TEST_DEADLINE(600s);
     // One rank's life: start-up, 40 collectives, the communicator closed.

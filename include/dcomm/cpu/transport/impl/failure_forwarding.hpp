@@ -85,7 +85,11 @@ DCOMM_DECL std::exception_ptr transport::timeout_error(op_state& op) {
     if (!silent.empty() || !absent.empty()) {
       std::vector<int> blamed = silent;
       blamed.insert(blamed.end(), absent.begin(), absent.end());
-      op.culprit = blamed.front();
+      // The culprit the fail frames name: a rank that answered it had not
+      // entered the call holds it up for certain; a silent one may only be
+      // slow to answer (a loaded host), and, told it is the culprit, would
+      // name itself.
+      op.culprit = absent.empty() ? silent.front() : absent.front();
       std::sort(blamed.begin(), blamed.end());
       // The finding (what follows "the deadline passed: ") goes on to the
       // group in the fail frames.
@@ -389,7 +393,10 @@ DCOMM_DECL failed_call transport::reported_failure(int peer, const wire_header& 
       break;
     case fail_reason::timeout:
       f.code = errc::timeout;
-      if (blamed >= 0) f.peers = "rank " + std::to_string(blamed);
+      // Blamed here: the reporting rank did not hear from this one in time
+      // (this rank is in the call, or it would not be told); its error
+      // names the rank that gave up.
+      if (blamed >= 0 && blamed != rank_) f.peers = "rank " + std::to_string(blamed);
       if (!finding.empty())
         f.detail = origin + " reached its deadline in this call: " + finding + reported;
       else
@@ -425,7 +432,10 @@ DCOMM_DECL void transport::fail_reported(op_state& op, const failed_call& f) {
   }
   // Where the rank to blame is (as this rank's own timeout or loss says).
   const int blamed = f.code == errc::peer_lost ? f.lost : f.code == errc::timeout ? f.culprit : -1;
-  if (blamed >= 0 && blamed != rank_) address = peer_address(blamed);
+  if (blamed >= 0 && blamed != rank_)
+    address = peer_address(blamed);
+  else if (f.code == errc::timeout && blamed == rank_ && f.origin != rank_)
+    address = peer_address(f.origin);  // the peers named are the rank that gave up
   fail_op(op, make_error(f.code, op, std::move(peers), std::move(detail), std::move(address)));
 }
 
