@@ -418,9 +418,11 @@ class job {
 
   // The rank to name for the failure of rank `local`. A survivor can die of
   // a lost peer before the kernel reports the peer's own death (its sockets
-  // close first), so the order of deaths is not enough: a dcomm error names
-  // the peer that caused it ("peers rank P"), and if rank P wrote an error
-  // file of its own, P failed first.
+  // close first), or be reaped in the same pass (dcomm-run itself slow to
+  // run), so the order of deaths is not enough: a dcomm error names the
+  // peer that caused it ("peers rank P"), and if rank P wrote an error file
+  // of its own, or has ended unsuccessfully (killed: no file), P failed
+  // first.
   std::size_t culprit(std::size_t local) const {
     std::vector<bool> seen(outputs_.size(), false);
     while (!seen[local]) {
@@ -433,7 +435,10 @@ class job {
       std::size_t next = outputs_.size();
       for (std::size_t i = 0; i < outputs_.size(); ++i)
         if (outputs_[i].rank == peer) next = i;
-      if (next == outputs_.size() || errors_.message_of(peer).empty()) break;
+      if (next == outputs_.size()) break;
+      const auto& p = ranks_[next];
+      const bool ended_badly = p.done && !(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0);
+      if (errors_.message_of(peer).empty() && !ended_badly) break;
       local = next;
     }
     return local;

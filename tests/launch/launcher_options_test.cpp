@@ -191,6 +191,15 @@ TEST_SUITE("launcher") {
       CHECK(has(r.err, " failed first (rank 0, which exited with status 1, names it)"));
       CHECK(has(r.err, "dcomm-run: rank 1 failed with: rank 1 gives up: its dataset is missing"));
     }
+    SUBCASE("a killed rank reaped with the survivor that names it: the killed one is blamed") {
+      auto r = run({"-n", "3", "--timeout", "60", self_path(), "--as-killed-culprit"});
+      INFO(r.err);
+      CHECK(r.status == 128 + 9);
+      CHECK(has(r.err, "dcomm-run: rank 2 (pid "));
+      CHECK(has(r.err,
+                " was killed by signal 9 (Killed) first (rank 1, which exited with status "
+                "1, names it)"));
+    }
     SUBCASE("a dcomm::error caught by the program, which returns 1") {
       auto r = run({"-n", "3", "--timeout", "60", self_path(), "--as-trace-rank", "mismatch"});
       INFO(r.err);

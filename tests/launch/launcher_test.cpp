@@ -160,7 +160,7 @@ int as_url_rank(const std::string& url) {
 }
 
 // The rank program of the analyzer's tests (`launcher_tests --as-trace-rank
-// SCENARIO` under dcomm-run --trace-dir; world 3, 3 s deadlines). Every
+// SCENARIO` under dcomm-run --trace-dir; world 3, calls with 3 s deadlines). Every
 // rank makes barrier #0 and all_reduce #1; then, for call #2:
 //   sleeper:  rank 1 sleeps instead (until dcomm-run stops it)
 //   lingering: as sleeper, but rank 2 stays after its call failed (still
@@ -174,11 +174,13 @@ int as_url_rank(const std::string& url) {
 // A rank whose call fails says so and exits 1.
 int as_trace_rank(const std::string& scenario) {
   try {
-    auto comm =
-        dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://", .timeout = 3s});
+    // Start-up has the default deadline: a rank slow to start on a loaded
+    // machine is not what these scenarios are about.
+    auto comm = dcomm::init_process_group<dcomm::cpu_backend>({.init_method = "env://"});
+    const dcomm::op_options o{.timeout = 3s};
     std::vector<float> v(4, 1.0f);
-    comm.barrier(dcomm::blocking);
-    comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+    comm.barrier(o, dcomm::blocking);
+    comm.all_reduce(v, dcomm::sum, o, dcomm::blocking);
     std::printf("ready\n");
     std::fflush(stdout);
     const int rank = comm.rank();
@@ -186,7 +188,7 @@ int as_trace_rank(const std::string& scenario) {
       std::this_thread::sleep_for(60s);
     } else if (scenario == "lingering") {
       try {
-        comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+        comm.all_reduce(v, dcomm::sum, o, dcomm::blocking);
       } catch (const dcomm::error& e) {
         std::fprintf(stderr, "rank failed: %s\n", e.what());
         // Rank 2 has failed (and dumped) too when rank 0's exit stops the job.
@@ -196,15 +198,15 @@ int as_trace_rank(const std::string& scenario) {
     } else if (scenario == "killed" && rank == 2) {
       ::raise(SIGKILL);
     } else if (scenario == "mismatch" && rank == 1) {
-      comm.broadcast(v, 0, dcomm::blocking);
+      comm.broadcast(v, 0, o, dcomm::blocking);
     } else if (scenario == "straggler") {
       for (int i = 0; i < 20; ++i) {
         if (rank == 1) std::this_thread::sleep_for(20ms);
-        comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+        comm.all_reduce(v, dcomm::sum, o, dcomm::blocking);
       }
       comm.dump_trace(dcomm::trace::failure_dump_path(rank));
     } else {
-      comm.all_reduce(v, dcomm::sum, dcomm::blocking);
+      comm.all_reduce(v, dcomm::sum, o, dcomm::blocking);
     }
     return 0;
   } catch (const std::exception& e) {
@@ -241,6 +243,42 @@ int as_late_culprit() {
                           {.operation = "barrier",
                            .rank = 0,
                            .peers = "rank 1",
+                           .detail = "it closed the connection without a goodbye"});
+  dcomm::trace::write_error_file(lost.what());
+  return 1;
+}
+
+// `launcher_tests --as-killed-culprit` (world 3, under dcomm-run): while
+// rank 0 holds dcomm-run stopped (SIGSTOP, 1 s), rank 2 is killed and
+// rank 1 exits 1 with an error naming it, as a survivor does on the lost
+// peer; once dcomm-run runs again it reaps both in one pass, stamped at
+// the same moment. Rank 2, killed, wrote no error file: dcomm-run must
+// name it, not rank 1 (as on a loaded machine, where dcomm-run is slow to
+// run).
+int as_killed_culprit() {
+  const std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "";
+  const pid_t launcher = ::getppid();
+  if (rank == "0") {
+    ::kill(launcher, SIGSTOP);
+    std::this_thread::sleep_for(1s);
+    ::kill(launcher, SIGCONT);
+    std::this_thread::sleep_for(30s);  // until dcomm-run stops it
+    return 0;
+  }
+  // Until dcomm-run is stopped (its state 'T' in /proc), at most 10 s.
+  const std::string stat = "/proc/" + std::to_string(launcher) + "/stat";
+  for (int i = 0; i < 1000; ++i) {
+    std::string s;
+    std::getline(std::ifstream(stat), s);
+    if (s.find(") T ") != std::string::npos) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  if (rank == "2") ::raise(SIGKILL);
+  std::this_thread::sleep_for(300ms);
+  const dcomm::error lost(dcomm::errc::peer_lost,
+                          {.operation = "all_reduce",
+                           .rank = 1,
+                           .peers = "rank 2",
                            .detail = "it closed the connection without a goodbye"});
   dcomm::trace::write_error_file(lost.what());
   return 1;
@@ -779,6 +817,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-agent-store-rank") return as_agent_store_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-late-culprit") return as_late_culprit();
+  if (argc == 2 && std::string(argv[1]) == "--as-killed-culprit") return as_killed_culprit();
   if (argc == 3 && std::string(argv[1]) == "--as-url-rank") return as_url_rank(argv[2]);
   doctest::Context context;
   context.applyCommandLine(argc, argv);
