@@ -85,10 +85,8 @@ DCOMM_DECL std::exception_ptr transport::timeout_error(op_state& op) {
     if (!silent.empty() || !absent.empty()) {
       std::vector<int> blamed = silent;
       blamed.insert(blamed.end(), absent.begin(), absent.end());
-      // The culprit the fail frames name: a rank that answered it had not
-      // entered the call holds it up for certain; a silent one may only be
-      // slow to answer (a loaded host), and, told it is the culprit, would
-      // name itself.
+      // Named in the fail frames: a rank that had not entered holds the call
+      // up for certain; a silent one may only be slow (and would blame itself).
       op.culprit = absent.empty() ? silent.front() : absent.front();
       std::sort(blamed.begin(), blamed.end());
       // The finding (what follows "the deadline passed: ") goes on to the
