@@ -10,12 +10,11 @@
 #include <vector>
 
 #include "dcomm/cuda.hpp"
+#include "support/text.hpp"
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 // Runs a test that needs a GPU, or says why it did not.
 bool have_device() {

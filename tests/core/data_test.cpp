@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "support/text.hpp"
+
 namespace {
 
 using dcomm::data_partitioner;
@@ -92,9 +94,7 @@ std::string error_message(F&& f) {
   return {};
 }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using dcomm::test::contains;
 
 }  // namespace
 

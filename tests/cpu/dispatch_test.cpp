@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dcomm/cpu_backend.hpp"
+#include "support/text.hpp"
 
 namespace {
 
@@ -32,9 +33,7 @@ std::optional<algorithm> pick(operation op, std::size_t bytes, int world = 4,
   return dcomm::cpu::choose(op, asked, {.bytes = bytes, .count = bytes}, world, o);
 }
 
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 // Default options but for DCOMM_ALGO's overrides (whatever the environment).
 dcomm::cpu_backend::options with_algorithms(const char* spec) {

@@ -26,6 +26,7 @@
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
 #include "support/store_world.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using asio::ip::tcp;
@@ -51,9 +52,7 @@ asio::awaitable<void> exchange_ranks(dcomm::cpu::mesh_sockets& sockets, int rank
   }
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 // How one rank ended.
 struct outcome {

@@ -37,13 +37,6 @@ std::string fresh_folder() {
   return name;
 }
 
-// This binary: launcher_test.cpp's main makes it a rank program.
-std::string self_path() {
-  char path[4096] = {};
-  REQUIRE(::readlink("/proc/self/exe", path, sizeof(path) - 1) > 0);
-  return path;
-}
-
 const std::string print_layout = "echo $RANK/$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE";
 
 }  // namespace

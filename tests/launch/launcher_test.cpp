@@ -61,13 +61,6 @@ std::vector<pid_t> still_running_after_a_while(
   return running;
 }
 
-std::string self_path() {
-  char path[4096] = {};
-  ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  REQUIRE(n > 0);
-  return std::string(path, static_cast<std::size_t>(n));
-}
-
 const std::string print_token = "echo token=${DCOMM_JOB_TOKEN:-none}";
 
 // Each rank adds rank + 1 to the store's "sum", then waits until every rank has.

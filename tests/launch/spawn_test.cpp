@@ -26,6 +26,7 @@
 #include "dcomm/rendezvous.hpp"
 #include "support/deadline.hpp"
 #include "support/process_probe.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using dcomm::test::is_fresh_token;
@@ -43,9 +44,7 @@ std::string spawn_error(int n, const std::function<void(int, int)>& fn,
   return "no error";
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 // Sets (or, with nullopt, removes) DCOMM_JOB_TOKEN in this process for one
 // scope, so a token in the environment the tests run in changes nothing.

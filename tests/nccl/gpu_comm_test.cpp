@@ -23,15 +23,14 @@
 #include "support/staged_cases.hpp"
 #if DCOMM_HAS_NCCL
 #include "dcomm/nccl.hpp"
+#include "support/text.hpp"
 #endif
 
 using namespace std::chrono_literals;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 bool gpu_present() {
   if (dcomm::cuda::device_count() > 0) return true;

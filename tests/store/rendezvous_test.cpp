@@ -20,15 +20,14 @@
 #include "support/fork_world.hpp"
 #include "support/listening_socket.hpp"
 #include "support/store_world.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using dcomm::errc;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 dcomm::env_lookup env_of(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {

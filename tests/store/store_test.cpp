@@ -27,6 +27,7 @@
 #include "support/listening_socket.hpp"
 #include "support/raw_peer.hpp"
 #include "support/store_world.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using dcomm::errc;
@@ -53,9 +54,7 @@ std::vector<std::string> keys(K... k) {
   return {std::string(k)...};
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using dcomm::test::contains;
 
 // The contract every store keeps, exercised through one handle with
 // co_await, and through a second handle on another thread.

@@ -20,6 +20,7 @@
 #include "dcomm/thread_world.hpp"
 #include "support/check_failed.hpp"
 #include "support/sanitizer.hpp"
+#include "support/text.hpp"
 
 namespace dcomm::test {
 
@@ -88,10 +89,6 @@ asio::awaitable<std::pair<errc, std::string>> failure_of(F op) {
     co_return std::pair{static_cast<errc>(e.code().value()), std::string(e.what())};
   }
   co_return std::pair{errc{}, std::string()};
-}
-
-inline bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 }  // namespace dcomm::test

@@ -50,7 +50,7 @@ void* __libc_memalign(std::size_t, std::size_t);
 void __libc_free(void*);
 }
 
-namespace dcomm::test::detail {
+namespace dcomm::test::heap_counter_detail {
 // Plain zero-initialised data: static TLS of the executable, which malloc
 // may touch at any time without allocating itself.
 inline thread_local std::uint64_t thread_allocations = 0;
@@ -71,14 +71,14 @@ inline void* counted_new(std::size_t n) {
     h();
   }
 }
-}  // namespace dcomm::test::detail
+}  // namespace dcomm::test::heap_counter_detail
 
 // Out of line, so that no call site pairs an inlined malloc with delete.
 [[gnu::noinline]] void* operator new(std::size_t n) {
-  return dcomm::test::detail::counted_new(n);
+  return dcomm::test::heap_counter_detail::counted_new(n);
 }
 [[gnu::noinline]] void* operator new[](std::size_t n) {
-  return dcomm::test::detail::counted_new(n);
+  return dcomm::test::heap_counter_detail::counted_new(n);
 }
 [[gnu::noinline]] void operator delete(void* p) noexcept {
   std::free(p);
@@ -95,28 +95,28 @@ inline void* counted_new(std::size_t n) {
 
 extern "C" {
 void* malloc(std::size_t n) {
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   return __libc_malloc(n);
 }
 void* calloc(std::size_t n, std::size_t size) {
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   return __libc_calloc(n, size);
 }
 void* realloc(void* p, std::size_t n) {
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   return __libc_realloc(p, n);
 }
 void* aligned_alloc(std::size_t align, std::size_t n) {
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   return __libc_memalign(align, n);
 }
 void* memalign(std::size_t align, std::size_t n) {
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   return __libc_memalign(align, n);
 }
 int posix_memalign(void** out, std::size_t align, std::size_t n) {
   if (align % sizeof(void*) != 0 || (align & (align - 1)) != 0) return EINVAL;
-  dcomm::test::detail::count_allocation();
+  dcomm::test::heap_counter_detail::count_allocation();
   void* p = __libc_memalign(align, n);
   if (!p && n) return ENOMEM;
   *out = p;
@@ -128,16 +128,16 @@ void free(void* p) {
 }
 
 std::uint64_t dcomm::test::heap_allocations_on_this_thread() noexcept {
-  return detail::thread_allocations;
+  return heap_counter_detail::thread_allocations;
 }
 std::uint64_t dcomm::test::heap_allocations_in_process() noexcept {
-  return detail::process_allocations.load(std::memory_order_relaxed);
+  return heap_counter_detail::process_allocations.load(std::memory_order_relaxed);
 }
 std::uint64_t dcomm::test::new_calls_on_this_thread() noexcept {
-  return detail::thread_new_calls;
+  return heap_counter_detail::thread_new_calls;
 }
 std::uint64_t dcomm::test::new_calls_in_process() noexcept {
-  return detail::process_new_calls.load(std::memory_order_relaxed);
+  return heap_counter_detail::process_new_calls.load(std::memory_order_relaxed);
 }
 #else
 std::uint64_t dcomm::test::heap_allocations_on_this_thread() noexcept {

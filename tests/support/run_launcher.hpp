@@ -25,6 +25,14 @@ struct result {
   double seconds = 0;
 };
 
+// This binary (a test program that is also the rank program it starts).
+inline std::string self_path() {
+  char path[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  REQUIRE(n > 0);
+  return std::string(path, static_cast<std::size_t>(n));
+}
+
 inline std::string launcher() {
   const char* path = std::getenv("DCOMM_RUN");
   REQUIRE_MESSAGE(path, "DCOMM_RUN is not set (run the tests through meson)");

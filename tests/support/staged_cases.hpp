@@ -22,10 +22,6 @@
 
 namespace dcomm::test::staged {
 
-inline bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 inline std::int64_t pattern(int rank, std::size_t i) {
   return static_cast<std::int64_t>(rank * 1000003 + static_cast<int>(i % 99991));
 }
