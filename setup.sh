@@ -85,17 +85,25 @@ configure() {
   fi
 }
 
-# Totals of every meson test run so far, from the builds' test logs.
+# Totals of every meson test run so far, from the builds' test logs; before
+# them, the last lines of each failed test's output again (where only the
+# end of a long log is kept, the cause stays in view).
 summary() {
   python3 - "$@" <<'PY'
 import json, sys
 passed = failed = skipped = 0
 for log in sys.argv[1:]:
+    build = log.split("/meson-logs/")[0]
     for line in open(log):
-        r = json.loads(line)["result"]
+        t = json.loads(line)
+        r = t["result"]
         if r in ("OK", "EXPECTEDFAIL"): passed += 1
         elif r == "SKIP": skipped += 1
-        else: failed += 1
+        else:
+            failed += 1
+            out = (t.get("stdout") or "") + (t.get("stderr") or "")
+            print(f"== failed in {build}: {t['name']} ({r}); its last lines:")
+            print("\n".join(out.rstrip().splitlines()[-60:]))
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 PY
 }
@@ -106,25 +114,28 @@ run_tests() {
   local logs=() status=0
   # name, compiler, options, targets, tests: g++ builds and runs everything
   # in the separate-compilation mode (dcomm's coroutines compiled once, in
-  # the dcomm library: a quarter off its build), checks every header alone
-  # and builds the libtorch interop; the other builds stay header-only, the
-  # default, and test it; clang checks
-  # every translation unit with -fsyntax-only (its diagnostics, -Werror; a
-  # third of the time of a build: tests/syntax_check.py), without OpenSSL;
-  # the sanitizer build runs the suites under ASan+UBSan, without OpenSSL
-  # (the refusal of a job token is tested there; g++'s run tests the
-  # tokens themselves); TSan runs the
-  # suites where ranks of one process share memory (the lock-free rings and
-  # the arena; the rest of the backend is one strand per rank), co_await's
-  # immediate resumption, the flight recorder and the RPC agent (a blocking
-  # call from a plain thread). libtorch is built with g++
-  # and not instrumented: the g++ build alone compiles against it (its
-  # headers cost a minute per translation unit).
+  # the dcomm library), checks every header alone and builds the libtorch
+  # interop; clang checks every translation unit with -fsyntax-only (its
+  # diagnostics, -Werror; a third of the time of a build:
+  # tests/syntax_check.py), separately compiled too, without OpenSSL; the
+  # sanitizer build runs the suites under ASan+UBSan, separately compiled,
+  # without OpenSSL (the refusal of a job token is tested there; g++'s run
+  # tests the tokens themselves); TSan's build stays header-only, the
+  # default (the backend's suites, linked from several translation units),
+  # and runs the suites where ranks of one process share memory (the
+  # lock-free rings and the arena; the rest of the backend is one strand
+  # per rank), co_await's immediate resumption, the flight recorder and the
+  # RPC agent (a blocking call from a plain thread). The builds that link
+  # compile the test programs as unity translation units (-Dunity=on: four
+  # test files in one, what they include parsed and instantiated once);
+  # clang checks each file alone, so that each includes what it uses.
+  # libtorch is built with g++ and not instrumented: the g++ build alone
+  # compiles against it (its headers cost a minute per translation unit).
   local builds=(
-    "gcc|g++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true||"
-    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
-    "sanitize|g++|-Dbuildtype=debug -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc"
+    "gcc|g++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dunity=on||"
+    "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
+    "sanitize|g++|-Dbuildtype=debug -Dseparate_compilation=true -Dunity=on -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
+    "tsan|g++|-Dbuildtype=debug -Dunity=on -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"
