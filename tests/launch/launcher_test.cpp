@@ -219,6 +219,18 @@ int as_failing_rank() {
   return 0;
 }
 
+// What a survivor writes to its TORCHELASTIC_ERROR_FILE when `peer` is lost
+// in `operation`; it then exits 1.
+int exit_on_lost_peer(const char* operation, int rank, int peer) {
+  const dcomm::error lost(dcomm::errc::peer_lost,
+                          {.operation = operation,
+                           .rank = rank,
+                           .peers = "rank " + std::to_string(peer),
+                           .detail = "it closed the connection without a goodbye"});
+  dcomm::trace::write_error_file(lost.what());
+  return 1;
+}
+
 // `launcher_tests --as-late-culprit` (world 2, under dcomm-run): rank 1
 // fails first (its error file written) but its process lingers; rank 0
 // then dies of it, naming it, and is reaped first. dcomm-run must name
@@ -232,13 +244,7 @@ int as_late_culprit() {
     return 3;
   }
   std::this_thread::sleep_for(300ms);
-  const dcomm::error lost(dcomm::errc::peer_lost,
-                          {.operation = "barrier",
-                           .rank = 0,
-                           .peers = "rank 1",
-                           .detail = "it closed the connection without a goodbye"});
-  dcomm::trace::write_error_file(lost.what());
-  return 1;
+  return exit_on_lost_peer("barrier", 0, 1);
 }
 
 // `launcher_tests --as-killed-culprit` (world 3, under dcomm-run): while
@@ -268,13 +274,7 @@ int as_killed_culprit() {
   }
   if (rank == "2") ::raise(SIGKILL);
   std::this_thread::sleep_for(300ms);
-  const dcomm::error lost(dcomm::errc::peer_lost,
-                          {.operation = "all_reduce",
-                           .rank = 1,
-                           .peers = "rank 2",
-                           .detail = "it closed the connection without a goodbye"});
-  dcomm::trace::write_error_file(lost.what());
-  return 1;
+  return exit_on_lost_peer("all_reduce", 1, 2);
 }
 
 // A fresh folder for a test's dumps.
