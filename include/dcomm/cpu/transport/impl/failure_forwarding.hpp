@@ -391,9 +391,9 @@ DCOMM_DECL failed_call transport::reported_failure(int peer, const wire_header& 
       break;
     case fail_reason::timeout:
       f.code = errc::timeout;
-      // Blamed here: the reporting rank did not hear from this one in time
-      // (this rank is in the call, or it would not be told); its error
-      // names the rank that gave up.
+      // Blamed itself (the reporting rank did not hear from this one in
+      // time, or found it had not entered): its error names the rank that
+      // gave up, not this one.
       if (blamed >= 0 && blamed != rank_) f.peers = "rank " + std::to_string(blamed);
       if (!finding.empty())
         f.detail = origin + " reached its deadline in this call: " + finding + reported;
