@@ -34,10 +34,13 @@
 // translation unit instantiates none of them, nor what they call; src.hpp
 // instantiates them all, once. Without the macro the lines are nothing:
 // header-only, as by default. tools/separate_compilation.py writes them.
-// A function that is not a template, defined in a file that the separate-
-// compilation mode keeps out of a user's translation units (the CPU
-// transport's impl/): inline header-only, a plain definition in the
-// library, which then holds its one copy.
+// A function that is not a template, defined in a file or block that the
+// separate-compilation mode keeps out of a user's translation units
+// (`#if !defined(DCOMM_SEPARATE_COMPILATION) || defined(DCOMM_SOURCE)`:
+// the CPU transport's impl/, the links' bodies): inline header-only, a
+// plain definition in the library, which then holds its one copy. With
+// ASIO_SEPARATE_COMPILATION defined as well (Meson's dcomm_separate_dep
+// does), Asio's own machinery is compiled once too (src/asio.cpp).
 #if defined(DCOMM_SEPARATE_COMPILATION)
 #define DCOMM_DECL
 #else

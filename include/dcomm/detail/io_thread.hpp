@@ -16,6 +16,11 @@
 #include "dcomm/detail/clock.hpp"
 #include "dcomm/detail/task.hpp"
 
+// Asio's scheduler, which as_handler below works with: with
+// ASIO_SEPARATE_COMPILATION, <asio.hpp> does not bring all of it.
+#include <asio/detail/scheduler.hpp>
+#include <asio/detail/scheduler_thread_info.hpp>
+
 namespace dcomm::detail {
 
 // Who runs an io_thread's context: its thread, or, for a while, threads
