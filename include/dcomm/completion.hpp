@@ -182,10 +182,9 @@ struct op_result<asio::awaitable<T>> {
 // `deadline`. Where an io_thread runs ex's context (`drive`: its io_drive),
 // this thread runs that context meanwhile: no hand-over to the io thread
 // and back per call. Else it waits for the thread that runs the context.
-template <typename Op>
-auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
-                  clock::time_point deadline, io_drive* drive) {
-  using T = typename op_result<Op>::type;
+template <typename Op, typename T = typename op_result<Op>::type>
+T run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
+               clock::time_point deadline, io_drive* drive) {
   if (running_in_this_thread(ex))
     throw_error(errc::invalid_argument,
                 {.operation = operation,
@@ -212,9 +211,9 @@ auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
 // The same within `limit` (every operation has its own deadline; this one
 // only guards against an executor nobody runs, which would otherwise block
 // forever), on ex's io_drive if it has one.
-template <typename Op>
-auto run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
-                  clock::duration limit) {
+template <typename Op, typename T = typename op_result<Op>::type>
+T run_blocking(const asio::any_io_executor& ex, Op op, const char* operation,
+               clock::duration limit) {
   return run_blocking(ex, std::move(op), operation, clock::now() + limit, io_drive::of(ex));
 }
 
@@ -438,3 +437,13 @@ T sync_wait(asio::awaitable<T> op) {
 }
 
 }  // namespace dcomm
+
+// Separate compilation (detail/asio.hpp): the blocking path of every call
+// that returns nothing, compiled once in the library. Written by hand:
+// templates of the operation's type.
+// clang-format off
+DCOMM_INSTANTIATE(void dcomm::detail::run_blocking<dcomm::detail::task<void>, void>(const asio::any_io_executor&, task<void>, const char*, clock::time_point, io_drive*))
+DCOMM_INSTANTIATE(void dcomm::detail::run_blocking<dcomm::detail::task<void>, void>(const asio::any_io_executor&, task<void>, const char*, clock::duration))
+DCOMM_INSTANTIATE(void dcomm::detail::run_blocking<asio::awaitable<void>, void>(const asio::any_io_executor&, asio::awaitable<void>, const char*, clock::time_point, io_drive*))
+DCOMM_INSTANTIATE(void dcomm::detail::run_blocking<asio::awaitable<void>, void>(const asio::any_io_executor&, asio::awaitable<void>, const char*, clock::duration))
+// clang-format on

@@ -36,4 +36,5 @@
 // clang-format off
 DCOMM_INSTANTIATE(asio::awaitable<dcomm::communicator<dcomm::cpu_backend>> dcomm::detail::init_from_method<dcomm::cpu_backend>(init_options<cpu_backend>, std::shared_ptr<io_thread>))
 DCOMM_INSTANTIATE(asio::awaitable<dcomm::communicator<dcomm::cpu_backend>> dcomm::detail::init_from_store<dcomm::cpu_backend>(std::shared_ptr<store>, int, int, init_options<cpu_backend>, std::shared_ptr<io_thread>))
+DCOMM_INSTANTIATE(dcomm::communicator<dcomm::cpu_backend> dcomm::init_process_group<dcomm::cpu_backend>(init_options<cpu_backend>))
 // clang-format on

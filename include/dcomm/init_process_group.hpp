@@ -195,6 +195,12 @@ inline void note_init_failure(const std::exception_ptr& failure) noexcept {
 // std::system_error that still gets this far (a socket error on a path
 // nobody foresaw) leaves as a dcomm::error naming the rank and the address,
 // its original message kept.
+// asio::use_awaitable, named through the backend: a call that takes it is
+// then resolved where init_* is instantiated, not where it is defined (a
+// translation unit of the separate-compilation mode instantiates neither).
+template <class Backend>
+inline constexpr const asio::use_awaitable_t<>& use_awaitable_of = asio::use_awaitable;
+
 template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                                                         std::shared_ptr<io_thread> thread) {
@@ -212,7 +218,7 @@ asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                           .job_token = o.job_token,
                           .bind_host = o.store_bind_host,
                           .env = o.env};
-    auto world = co_await rendezvous(ex, std::move(ro), asio::use_awaitable);
+    auto world = co_await rendezvous(ex, std::move(ro), use_awaitable_of<Backend>);
     where.rank = world.rank;
     where.address = world.spec.address();
     joined = world.store;
@@ -245,7 +251,7 @@ asio::awaitable<communicator<Backend>> init_from_store(std::shared_ptr<store> s,
   std::exception_ptr failure;
   try {
     rendezvous_options ro{.timeout = o.timeout, .job_token = o.job_token};
-    co_await rendezvous(s, rank, world, std::move(ro), asio::use_awaitable);
+    co_await rendezvous(s, rank, world, std::move(ro), use_awaitable_of<Backend>);
     co_return co_await connect_world<Backend>(std::move(s), rank, world, "", std::move(o),
                                               std::move(thread));
   } catch (...) {

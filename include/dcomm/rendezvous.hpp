@@ -409,7 +409,9 @@ auto rendezvous(asio::any_io_executor executor, rendezvous_options options, Toke
 
 // Blocking rendezvous on a store with an io thread of its own, for code
 // outside coroutines: auto world = dcomm::rendezvous({.init_method = "env://"});
-inline rendezvous_result rendezvous(rendezvous_options options) {
+DCOMM_DECL rendezvous_result rendezvous(rendezvous_options options);
+#if !defined(DCOMM_SEPARATE_COMPILATION) || defined(DCOMM_SOURCE)
+DCOMM_DECL rendezvous_result rendezvous(rendezvous_options options) {
   auto thread = std::make_shared<detail::io_thread>();
   auto result = rendezvous(thread->get_executor(), std::move(options), blocking);
   // The store keeps the thread that runs it.
@@ -420,6 +422,7 @@ inline rendezvous_result rendezvous(rendezvous_options options) {
       });
   return result;
 }
+#endif
 
 // Leaves the job: rank 0 completes once every other rank has departed (at
 // most the store's timeout); the others complete at once. Call it last.

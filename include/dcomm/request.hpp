@@ -211,9 +211,7 @@ struct request_access {
   }
 
  private:
-  static void start_task(const asio::any_io_executor& executor, task<void> op) {
-    detail::start(executor, std::move(op), [](std::exception_ptr) {});
-  }
+  static void start_task(const asio::any_io_executor& executor, task<void> op);
   // If the executor is destroyed with the operation still pending (a user's
   // io_context that stops running), the request still finishes: with
   // errc::closed, instead of leaving wait() to its deadline. A parameter,
@@ -247,6 +245,14 @@ DCOMM_EMIT_ON_USE_DEFINITION auto request_access::guarded(task<void> op, guard g
   auto s = std::move(g.s);
   request::finish(s, std::move(failure));
 }
+
+// Not inline in the separate-compilation mode: the library holds it, and
+// the coroutine it starts (detail/asio.hpp).
+#if !defined(DCOMM_SEPARATE_COMPILATION) || defined(DCOMM_SOURCE)
+DCOMM_DECL void request_access::start_task(const asio::any_io_executor& executor, task<void> op) {
+  detail::start(executor, std::move(op), ignore_end{});
+}
+#endif
 
 }  // namespace detail
 

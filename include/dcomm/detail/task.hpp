@@ -396,6 +396,13 @@ void start_on(const asio::any_io_executor& executor, task<T> t, F done) {
 }
 }  // namespace task_detail
 
+// The end of a task that nothing waits for (it says itself how it failed).
+// A type with a name: a lambda's, in a function the separate-compilation
+// mode keeps out of line, would have no linkage (-Wsubobject-linkage).
+struct ignore_end {
+  void operator()(std::exception_ptr) const noexcept {}
+};
+
 // Runs t on `executor` (posted: it starts after what was posted before)
 // and calls done(exception_ptr) or done(exception_ptr, optional<T>) there
 // when it ends.

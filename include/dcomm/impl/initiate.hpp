@@ -305,3 +305,10 @@ void check_reduction_statically() {
 }
 
 }  // namespace dcomm::detail
+
+// Separate compilation (detail/asio.hpp): the refusal every operation
+// returns nothing through, compiled once in the library. Written by hand:
+// a template of the result type.
+// clang-format off
+DCOMM_INSTANTIATE(dcomm::detail::task<void> dcomm::detail::refuse_any<void>(std::exception_ptr))
+// clang-format on

@@ -128,12 +128,23 @@ class store : public std::enable_shared_from_this<store> {
   template <typename T, typename Token>
   auto run(asio::awaitable<T> op, Token&& token, const char* operation,
            duration timeout = duration::zero()) {
+    if constexpr (std::is_same_v<std::decay_t<Token>, default_token_t>)
+      return awaited(std::move(op), operation, timeout);
+    else
+      return initiate(std::move(op), std::forward<Token>(token), operation, timeout);
+  }
+  template <typename T, typename Token>
+  auto initiate(asio::awaitable<T> op, Token&& token, const char* operation, duration timeout) {
     // Keep the store alive until the operation completes, whoever drops it.
     auto self = shared_from_this();
     return detail::initiate(get_executor(), keep_alive(std::move(self), std::move(op)),
                             std::forward<Token>(token), operation,
                             std::max(timeout, timeout_) + detail::blocking_grace);
   }
+  // The co_awaited form, the one dcomm's own coroutines use: a return type
+  // of its own, so that the separate-compilation mode compiles it once.
+  template <typename T>
+  asio::awaitable<T> awaited(asio::awaitable<T> op, const char* operation, duration timeout);
 
   template <typename T>
   static asio::awaitable<T> keep_alive(std::shared_ptr<store> self, asio::awaitable<T> op);
@@ -148,7 +159,15 @@ asio::awaitable<T> store::keep_alive(std::shared_ptr<store> self, asio::awaitabl
   (void)self;
   co_return co_await std::move(op);
 }
+template <typename T>
+asio::awaitable<T> store::awaited(asio::awaitable<T> op, const char* operation, duration timeout) {
+  return initiate(std::move(op), asio::use_awaitable, operation, timeout);
+}
 // clang-format off
+DCOMM_INSTANTIATE(asio::awaitable<void> store::awaited<void>(asio::awaitable<void>, const char*, duration))
+DCOMM_INSTANTIATE(asio::awaitable<std::string> store::awaited<std::string>(asio::awaitable<std::string>, const char*, duration))
+DCOMM_INSTANTIATE(asio::awaitable<std::int64_t> store::awaited<std::int64_t>(asio::awaitable<std::int64_t>, const char*, duration))
+DCOMM_INSTANTIATE(asio::awaitable<bool> store::awaited<bool>(asio::awaitable<bool>, const char*, duration))
 DCOMM_INSTANTIATE(asio::awaitable<void> store::keep_alive<void>(std::shared_ptr<store>, asio::awaitable<void>))
 DCOMM_INSTANTIATE(asio::awaitable<std::string> store::keep_alive<std::string>(std::shared_ptr<store>, asio::awaitable<std::string>))
 DCOMM_INSTANTIATE(asio::awaitable<std::int64_t> store::keep_alive<std::int64_t>(std::shared_ptr<store>, asio::awaitable<std::int64_t>))

@@ -139,14 +139,8 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 
   // Starts one reader per peer, then the links' own work (a shared memory
   // link watches its socket), the doorbell's listener; once, on the strand.
-  void start() {
-    auto none = [](std::exception_ptr) {};
-    for (int p = 0; p < world_; ++p)
-      if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
-    for (int p = 0; p < world_; ++p)
-      if (p != rank_) links_[static_cast<std::size_t>(p)]->link->start();
-    if (shm_) detail::start(ex_, listen_bell(shared_from_this()), none);
-  }
+  // (cpu/transport/impl/receiving.hpp)
+  void start();
   // What the link to rank p counts calls as carried by: "shm" (shared
   // memory, a rank of this host) or "tcp".
   std::string_view link_name(int p) const {

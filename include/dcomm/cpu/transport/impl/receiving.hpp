@@ -19,6 +19,16 @@
 
 namespace dcomm::cpu {
 
+// Starts the readers, the links' own work and the doorbell's listener.
+DCOMM_DECL void transport::start() {
+  const detail::ignore_end none;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) detail::start(ex_, reader(shared_from_this(), p), none);
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) links_[static_cast<std::size_t>(p)]->link->start();
+  if (shm_) detail::start(ex_, listen_bell(shared_from_this()), none);
+}
+
 // Posting a receive: it takes a message that came first, or waits in the
 // link's posted list (a send from here the peer refused fails it first).
 DCOMM_DECL void transport::post_recv(io_item& it) {
