@@ -190,17 +190,18 @@ inline void note_init_failure(const std::exception_ptr& failure) noexcept {
   }
 }
 
+// asio::use_awaitable, named through the backend: a call that takes it is
+// then resolved where init_* is instantiated, not where it is defined (a
+// user's translation unit of the separate-compilation mode instantiates
+// neither for cpu_backend: the library does).
+template <class Backend>
+inline constexpr const asio::use_awaitable_t<>& use_awaitable_of = asio::use_awaitable;
+
 // Both entry points end in rethrow_as_dcomm_error: every failure is fixed
 // at its source to be a dcomm::error with context, and a raw
 // std::system_error that still gets this far (a socket error on a path
 // nobody foresaw) leaves as a dcomm::error naming the rank and the address,
 // its original message kept.
-// asio::use_awaitable, named through the backend: a call that takes it is
-// then resolved where init_* is instantiated, not where it is defined (a
-// translation unit of the separate-compilation mode instantiates neither).
-template <class Backend>
-inline constexpr const asio::use_awaitable_t<>& use_awaitable_of = asio::use_awaitable;
-
 template <backend Backend>
 asio::awaitable<communicator<Backend>> init_from_method(init_options<Backend> o,
                                                         std::shared_ptr<io_thread> thread) {

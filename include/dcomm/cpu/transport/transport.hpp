@@ -138,8 +138,8 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
   }
 
   // Starts one reader per peer, then the links' own work (a shared memory
-  // link watches its socket), the doorbell's listener; once, on the strand.
-  // (cpu/transport/impl/receiving.hpp)
+  // link watches its socket), the doorbell's listener; once, on the strand
+  // (cpu/transport/impl/receiving.hpp).
   void start();
   // What the link to rank p counts calls as carried by: "shm" (shared
   // memory, a rank of this host) or "tcp".
