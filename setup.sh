@@ -135,7 +135,7 @@ run_tests() {
     "gcc|g++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dunity=on||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
     "sanitize|g++|-Dbuildtype=debug -Dseparate_compilation=true -Dunity=on -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Dunity=on -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc"
+    "tsan|g++|-Dbuildtype=debug -Dunity=on -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc,cpu elastic"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"

@@ -207,13 +207,15 @@ reducer make_reducer(const Op& op, dtype type) {
 // this process's place in it, and the counter that numbers its collectives
 // (every member calls them in the same order, so the numbers agree).
 struct group_state {
-  std::uint64_t id = 0;
+  static constexpr std::uint64_t world_id = 0;  // the world group's id (impl/call_identity.hpp)
+  std::uint64_t id = world_id;
   std::string name = "the world group";
   std::vector<int> ranks{};  // group rank -> global rank
   int rank = 0;              // this process's group rank
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   std::atomic<std::uint64_t> next_seq{0};
   std::atomic<std::uint64_t> children{0};  // groups made from this one
+  std::atomic<std::uint64_t> agreements{0};  // agree calls: numbered apart from collectives
 
   int size() const { return static_cast<int>(ranks.size()); }
 };
@@ -332,6 +334,32 @@ concept backend = requires {
   { b.all_to_all(c, in, out) } -> std::same_as<task<void>>;
   { b.all_gather_v(c, in, alloc) } -> std::same_as<task<std::vector<std::size_t>>>;
   { b.all_to_all_v(c, in, counts, alloc) } -> std::same_as<task<std::vector<std::size_t>>>;
+};
+
+// What a backend offers for recovering from failures in place, apart from
+// the concept (a communicator call a backend lacks is a compile error):
+// revoke(group, why) fails the group's pending and later operations, and
+// its descendants', on every member with errc::revoked (not collective,
+// thread-safe, returns at once).
+template <class B>
+concept revocable_backend = requires(B& b, const std::shared_ptr<group_state>& g, std::string why) {
+  {b.revoke(g, why)};
+};
+
+// What agree returns, the same on every member that returns: the AND of
+// the flags it counted, and the members known failed when it was decided
+// (group ranks, ascending).
+struct agreement {
+  bool flag = true;
+  std::vector<int> failed{};
+};
+
+// agree(ctx, flag): fault-tolerant agreement among the group's live
+// members (ctx.seq: the group's agreement number, group_state::agreements),
+// also on a revoked group.
+template <class B>
+concept agreeing_backend = requires(B& b, const op_context& c, bool flag) {
+  { b.agree(c, flag) } -> std::same_as<task<agreement>>;
 };
 
 }  // namespace dcomm

@@ -101,6 +101,34 @@ class communicator {
     if (rt_->thread) rt_->thread->drive().hand_back();  // run at once (detail::io_drive)
   }
 
+  // Revokes this group (ULFM's MPIX_Comm_revoke, NCCL's ncclCommRevoke):
+  // every pending and later operation of it, and of the groups made from
+  // it, fails on every member with errc::revoked, naming this rank and
+  // `why`. Not collective: any one member may call it, and it returns at
+  // once; the members learn it over their links, from whichever member
+  // tells them first. What survives a revocation: docs/elastic.md.
+  void revoke(std::string why = {}) const requires revocable_backend<Backend> {
+    rt_->backend->revoke(group_, std::move(why));
+    if (rt_->thread) rt_->thread->drive().hand_back();  // run at once, as abort()
+  }
+
+  // Fault-tolerant agreement (ULFM's MPIX_Comm_agree): every live member
+  // calls it; each that returns gets the same agreement, the AND of the
+  // flags counted and the members known failed then (group ranks), also
+  // when members die while it runs, and also on a revoked group. Members
+  // must make their agree calls on a group in the same order (they are
+  // numbered apart from the collectives). errc::timeout at the deadline,
+  // naming the members not heard from. docs/elastic.md.
+  template <completion_token_for<agreement> Token = default_token_t>
+  auto agree(bool flag, Token&& token = {}) const requires agreeing_backend<Backend> {
+    return agree(flag, op_options{}, std::forward<Token>(token));
+  }
+  template <completion_token_for<agreement> Token = default_token_t>
+  auto agree(bool flag, op_options o, Token&& token = {}) const
+      requires agreeing_backend<Backend> {
+    return ops().agree(flag, o, std::forward<Token>(token));
+  }
+
   // Writes this process's flight recorder (its last operations, every
   // group's: trace/flight_recorder.hpp describes the format) to `path`.
   // A timeout, a lost peer, a mismatch or an abort writes it on its own to

@@ -141,9 +141,28 @@ class cpu_backend {
                    .detail = "the CPU backend takes CUDA tensors only where the program includes "
                              "dcomm/cuda.hpp (Meson's dcomm_cuda); or use the nccl backend"});
   }
-  // Groups share the mesh: nothing to set up.
-  void group_created(const std::shared_ptr<group_state>&, const std::shared_ptr<group_state>&, int,
-                     int) {}
+  // Groups share the mesh: the transport only learns the members, to whom
+  // a revocation goes (cpu/transport/revocations.hpp).
+  void group_created(const std::shared_ptr<group_state>& parent,
+                     const std::shared_ptr<group_state>& child, int, int) {
+    if (!child) return;
+    asio::dispatch(ex_, [net = net_, parent = parent->id, id = child->id, name = child->name,
+                         ranks = child->ranks, alive = std::weak_ptr<const void>(child)]() mutable {
+      net->add_group(parent, id, std::move(name), std::move(ranks), std::move(alive));
+    });
+  }
+
+  // communicator::revoke: the group's pending and later operations, and
+  // those of the groups made from it, fail on every member with
+  // errc::revoked. Thread-safe: runs on the backend's executor.
+  void revoke(const std::shared_ptr<group_state>& group, std::string why) {
+    asio::dispatch(ex_, [net = net_, id = group->id, why = std::move(why)]() mutable {
+      net->revoke(id, std::move(why));
+    });
+  }
+
+  // communicator::agree (cpu/transport/agreements.hpp says how).
+  DCOMM_EMIT_ON_USE detail::task<agreement> agree(op_context ctx, bool flag);
 
   // --- point to point ---
   DCOMM_EMIT_ON_USE detail::task<void> send(op_context ctx, const_tensor_view in, int peer);
@@ -262,12 +281,23 @@ DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::create(std::shared_ptr<store> s, 
       .host_id = o.host_id.str()};
   auto net = co_await cpu::connect_transport(
       std::move(s), rank, world, std::move(mesh),
-      {.eager_limit = o.eager_limit, .shm_spin = o.shm_spin, .shm_single_copy = o.shm_single_copy},
+      {.eager_limit = o.eager_limit,
+       .shm_spin = o.shm_spin,
+       .shm_single_copy = o.shm_single_copy,
+       .revoke_on_failure = o.revoke_on_failure},
       deadline, shm);
   auto b =
       std::shared_ptr<cpu_backend>(new cpu_backend(ex, std::move(net), o, std::move(dispatch)));
   b->address_ = std::move(address);
   co_return b;
+}
+
+DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::agree(op_context ctx, bool flag)
+    -> detail::task<agreement> {
+  const group_state& g = *ctx.group;
+  cpu::agreed_value v = co_await net_->agree(g.id, g.name, ctx.seq, g.ranks, g.rank, flag,
+                                             dcomm::name(ctx.operation), ctx.deadline);
+  co_return agreement{v.flag, std::move(v.failed)};
 }
 
 DCOMM_EMIT_ON_USE_DEFINITION auto cpu_backend::send(op_context ctx, const_tensor_view in, int peer)
@@ -534,6 +564,7 @@ static_assert(backend<cpu_backend>);
 // Separate compilation (tools/separate_compilation.py writes this block).
 // clang-format off
 DCOMM_INSTANTIATE(auto dcomm::cpu_backend::create<void>(std::shared_ptr<store> s, int rank, int world, std::string job_token, std::string store_host, options o, detail::clock::time_point deadline) -> asio::awaitable<std::shared_ptr<cpu_backend>>)
+DCOMM_INSTANTIATE(auto dcomm::cpu_backend::agree<void>(op_context ctx, bool flag) -> detail::task<agreement>)
 DCOMM_INSTANTIATE(auto dcomm::cpu_backend::send<void>(op_context ctx, const_tensor_view in, int peer) -> detail::task<void>)
 DCOMM_INSTANTIATE(auto dcomm::cpu_backend::recv<void>(op_context ctx, tensor_view out, int peer) -> detail::task<void>)
 DCOMM_INSTANTIATE(auto dcomm::cpu_backend::barrier<void>(op_context ctx) -> detail::task<void>)

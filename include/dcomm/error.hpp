@@ -31,6 +31,8 @@ enum class errc {
                      // the call and errno's text
   remote_error,      // a remote call's function threw on the callee (dcomm/rpc.hpp): detail
                      // holds its message
+  revoked,           // the group was revoked (communicator::revoke): peers names the
+                     // revoker, detail its reason
 };
 
 }  // namespace dcomm
@@ -76,6 +78,8 @@ class error_category_impl final : public std::error_category {
         return "system call failed";
       case errc::remote_error:
         return "the remote function failed";
+      case errc::revoked:
+        return "revoked";
     }
     return "unknown dcomm error";
   }

@@ -36,6 +36,8 @@ enum class operation : std::uint8_t {
   broadcast_object,   // broadcasts of a size, then of the bytes
   all_gather_object,  // all_gather_v of the bytes
   split,              // all_gather of (color, key)
+  // Recovery (docs/elastic.md): numbered apart from the collectives.
+  agree,
   // Without messages: their checks' errors name them.
   new_group,
   global_rank,
@@ -60,6 +62,7 @@ inline constexpr const char* operation_names[] = {"send",
                                                   "broadcast_object",
                                                   "all_gather_object",
                                                   "split",
+                                                  "agree",
                                                   "new_group",
                                                   "global_rank"};
 static_assert(std::size(operation_names) == static_cast<std::size_t>(operation::global_rank) + 1);

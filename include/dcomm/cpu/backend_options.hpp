@@ -80,6 +80,15 @@ struct backend_options {
     const char* v = std::getenv("DCOMM_SHM_SINGLE_COPY");
     return !(v && std::string(v) == "0");
   }();
+  // A lost peer or a timeout revokes the failed call's group on its own
+  // (communicator::revoke), so that every member's pending and later calls
+  // of it, and of the groups made from it, fail at once with errc::revoked,
+  // not only the calls that needed the rank; on where $DCOMM_REVOKE_ON_FAILURE
+  // is 1. For programs that recover (agree, shrink: docs/elastic.md).
+  bool revoke_on_failure = [] {
+    const char* v = std::getenv("DCOMM_REVOKE_ON_FAILURE");
+    return v && std::string(v) == "1";
+  }();
   // How long a waiting operation polls shared memory before it sleeps
   // (a system call to wake it then); $DCOMM_SHM_SPIN_US if set. Polling
   // stops where the ranks of the host outnumber the cores this process

@@ -1,5 +1,5 @@
-// The CPU backend's wire format: the fixed header every frame starts with
-// (transport.hpp says what each kind of frame does), and the call signature
+// The CPU backend's wire format: the fixed header every frame starts with,
+// what each kind of frame does (msg_kind), and the call signature
 // it carries, by which ranks that make different calls find out. The mesh
 // uses it too: a rank that fails while the mesh forms says goodbye in it.
 #pragma once
@@ -84,7 +84,47 @@ inline const char* p2p_mismatch(dtype sent, std::uint64_t sent_bytes, dtype expe
   return sent_bytes == expected_bytes ? "dtype mismatch" : "dtype and size mismatch";
 }
 
-enum class msg_kind : std::uint8_t { eager = 1, rts, cts, data, fail, probe, probe_reply, bye };
+// The frames of the transport (cpu/transport/transport.hpp): a fixed
+// wire_header, then `bytes` of payload (eager, data, and the control frames
+// that say so):
+//   eager  small message, payload follows; matched on arrival
+//   rts    "ready to send" a large message: header only, matched on arrival
+//   cts    the receiver's answer once a matching receive is posted
+//   data   the large payload, sent after cts, read straight into the buffer;
+//          a send whose data becomes ready in parts (a CUDA tensor copied
+//          to the host slice by slice) sends one data frame per part, each
+//          with its offset (cookie2), in order
+//   fail   "your call did not match mine", or "this collective failed
+//          here" (with what the rank that found it said of the cause): the
+//          peer fails its call too, with that cause, and passes a
+//          collective's failure on to the rest of the group; for a send
+//          whose receive refused it (sizes differ), the send fails, or if it
+//          completed already, the sender's next operation with the receiver
+//   probe  sent by a rank whose collective reached its deadline: "where are
+//          you in this call?"; answered at once by probe_reply (entered it,
+//          done with it, or not yet there). A peer that does not answer is
+//          stopped or hung: the timeout names it, not the ranks in between.
+//   bye    the last frame before an orderly close, naming the failure that
+//          made this rank leave (if any), so that its peers blame the first
+//          cause and not the rank that left because of it
+//   revoke the group (group) is revoked by rank cookie - 1, for the reason
+//          in the payload: the receiver fails the group's operations and
+//          its descendants' and tells the other members once
+//          (cpu/transport/impl/revocation.hpp)
+//   agree  a step of an agreement (seq: the group's agreement number;
+//          cookie: which step; payload: cpu/transport/agreements.hpp)
+enum class msg_kind : std::uint8_t {
+  eager = 1,
+  rts,
+  cts,
+  data,
+  fail,
+  probe,
+  probe_reply,
+  bye,
+  revoke,
+  agree,  // the last kind: a frame of a higher one is not dcomm's
+};
 
 // Why a fail or bye frame was sent (its cookie); cookie2 names the rank to
 // blame, plus one (0: none known).

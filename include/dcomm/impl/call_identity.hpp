@@ -55,7 +55,7 @@ inline std::uint64_t mix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline constexpr std::uint64_t world_group_id = 0;
+inline constexpr std::uint64_t world_group_id = group_state::world_id;
 
 // The parent's count of groups made from it: the n of the ids below. Taken
 // once per accepted new_group or split, on every member, in call order.
@@ -102,6 +102,19 @@ inline op_context collective_context(const std::shared_ptr<group_state>& group, 
           .deadline = now + o.timeout.value_or(group->timeout),
           .algorithm = o.algorithm,
           .stream = o.stream,
+          .issued = now};
+}
+
+// An agreement: numbered by the group's count of agreements, apart from
+// its collectives, so that members whose calls before it differ in number
+// (some failed, some completed a call the failure revoked) still meet.
+inline op_context agreement_context(const std::shared_ptr<group_state>& group,
+                                    const op_options& o) {
+  const auto now = detail::clock::now();
+  return {.group = group,
+          .operation = operation::agree,
+          .seq = group->agreements.fetch_add(1),
+          .deadline = now + o.timeout.value_or(group->timeout),
           .issued = now};
 }
 

@@ -327,6 +327,26 @@ class comm_ops {
         });
   }
 
+  // ----------------------------------------------------------- recovery
+
+  template <class Token>
+  auto agree(bool flag, op_options o, Token&& token) const {
+    o = options(o);
+    auto bad = check([&] {
+      check_options<Backend>(operation::agree, o);
+      if (o.algorithm != algorithm::automatic)
+        invalid(operation::agree, "agree has no algorithm to choose");
+    });
+    op_context ctx = bad ? p2p_context(c_.group_, operation::agree, 0, o)
+                         : agreement_context(c_.group_, o);
+    // Not among the collectives in the flight recorder: its number is the
+    // group's agreement count, not a collective's sequence number.
+    return launch<agreement>(
+        c_.rt_, std::forward<Token>(token), bad, std::move(ctx),
+        [flag](Backend& b, const op_context& c) { return b.agree(c, flag); },
+        trace::op_brief{.collective = false, .type = dtype::uint8, .count = 1});
+  }
+
   // ------------------------------------------------------------- groups
 
   std::optional<comm> new_group(std::vector<int> members) const {

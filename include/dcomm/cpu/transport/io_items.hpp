@@ -170,6 +170,8 @@ struct op_state {
   // that every member's error gives the whole cause. Empty: none to pass.
   std::string finding;
   bool notified = false;
+  // Runs on a revoked group (an agreement: impl/agreement.hpp).
+  bool survives_revocation = false;
   // Failed because a receive of a peer refused an earlier send from here
   // (cpu/transport/impl/failure_forwarding.hpp): a collective tells its group it gave up,
   // not that the group's calls differ.

@@ -11,31 +11,10 @@
 // matching them to receives), failure_forwarding.hpp (fail frames, probes,
 // blame, the first cause), shutdown.hpp (goodbye, drain, close) and
 // shm_links.hpp (the host's shared memory: polling, the doorbell, the
-// arenas). The units of work are in cpu/transport/io_items.hpp, the record
-// of failed calls in cpu/transport/failed_calls.hpp, the wire format in
-// cpu/wire_format.hpp.
-//
-// Frames (a fixed wire_header, then `bytes` of payload for eager and data):
-//   eager  small message, payload follows; matched on arrival
-//   rts    "ready to send" a large message: header only, matched on arrival
-//   cts    the receiver's answer once a matching receive is posted
-//   data   the large payload, sent after cts, read straight into the buffer;
-//          a send whose data becomes ready in parts (a CUDA tensor copied
-//          to the host slice by slice) sends one data frame per part, each
-//          with its offset (cookie2), in order
-//   fail   "your call did not match mine", or "this collective failed
-//          here" (with what the rank that found it said of the cause): the
-//          peer fails its call too, with that cause, and passes a
-//          collective's failure on to the rest of the group; for a send
-//          whose receive refused it (sizes differ), the send fails, or if it
-//          completed already, the sender's next operation with the receiver
-//   probe  sent by a rank whose collective reached its deadline: "where are
-//          you in this call?"; answered at once by probe_reply (entered it,
-//          done with it, or not yet there). A peer that does not answer is
-//          stopped or hung: the timeout names it, not the ranks in between.
-//   bye    the last frame before an orderly close, naming the failure that
-//          made this rank leave (if any), so that its peers blame the first
-//          cause and not the rank that left because of it
+// arenas), revocation.hpp and agreement.hpp (recovery: docs/elastic.md).
+// Beside it in cpu/transport/: the units of work (io_items.hpp), failed
+// calls (failed_calls.hpp), groups and revocations (revocations.hpp),
+// agreements (agreements.hpp); the frames are in cpu/wire_format.hpp.
 // Messages are matched per link by (collective?, group, tag or sequence
 // number, step), first in first out, so two messages with the same key
 // arrive in the order they were sent. Large messages wait for a posted
@@ -52,6 +31,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -64,10 +44,12 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/cpu/startup/hosts.hpp"
 #include "dcomm/cpu/startup/mesh.hpp"
+#include "dcomm/cpu/transport/agreements.hpp"
 #include "dcomm/cpu/transport/failed_calls.hpp"
 #include "dcomm/cpu/transport/io_items.hpp"
 #include "dcomm/cpu/transport/link.hpp"
 #include "dcomm/cpu/transport/pool.hpp"
+#include "dcomm/cpu/transport/revocations.hpp"
 #include "dcomm/cpu/transport/shm_link.hpp"
 #include "dcomm/cpu/transport/socket_link.hpp"
 #include "dcomm/cpu/wire_format.hpp"
@@ -92,6 +74,9 @@ struct transport_options {
   // Large messages to a rank of this host are read from the sender's
   // buffer in one copy where the kernel allows (shm/single_copy.hpp).
   bool shm_single_copy = false;
+  // A lost peer or a timeout revokes the failed call's group
+  // (backend_options::revoke_on_failure).
+  bool revoke_on_failure = false;
 };
 
 // The segment this rank shares with the ranks of its host (shm/), and who
@@ -111,6 +96,7 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
         rank_(rank),
         world_(world),
         options_(options),
+        groups_(world),
         hosts_(std::move(host_of)) {
     if (shm.segment) use_shm(shm);
     links_.reserve(sockets.size());
@@ -175,7 +161,20 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
   }
   std::string peer_address(int p) const { return links_[static_cast<std::size_t>(p)]->address; }
   bool stopped() const { return aborted_ || closed_; }
-  // Collective calls that failed, recorded here (bounded: see failed_calls.hpp).
+
+  // Revocation (cpu/transport/impl/revocation.hpp): revokes `group` and
+  // the groups made from it, here and on every member; a group made on
+  // this rank from `parent` (kept while `alive` is).
+  void revoke(std::uint64_t group, std::string why);
+  void add_group(std::uint64_t parent, std::uint64_t id, std::string name,
+                 std::vector<int> members, std::weak_ptr<const void> alive);
+  // Agreement `number` of `group` among its live members (cpu/transport/agreements.hpp,
+  // impl/agreement.hpp): `members` global ranks, `me` this rank's group rank.
+  DCOMM_EMIT_ON_USE detail::task<agreed_value> agree(std::uint64_t group,
+                                                     std::string_view group_name,
+                                                     std::uint64_t number, std::vector<int> members,
+                                                     int me, bool flag, const char* operation,
+                                                     detail::clock::time_point deadline);
 
   void add_op(op_state& op) {
     op.next_op = ops_;
@@ -187,6 +186,8 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
                                       : "the communicator was destroyed"));
       return;
     }
+    if (const revocation* r = groups_.revoked(op.group); r && !op.survives_revocation)
+      return fail_op(op, revoked_error(op, *r));
     // A lost member does not fail the call here: that peer may have sent
     // its part before leaving (the messages wait in `unexpected`), or may
     // have no part to play with this rank. Posting to it fails (post_recv,
@@ -316,10 +317,10 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 
   static constexpr auto io_grace = std::chrono::seconds(1);
 
-  // Whether an unfinished item of the op goes through shared memory, or
-  // it waits in the arena.
   // The host's ranks outnumber this process's cores (options::shm_yield).
   bool outnumbered() const { return options_.shm_yield; }
+  // Whether an unfinished item of the op goes through shared memory, or
+  // it waits in the arena.
   bool waits_on_shm(const op_state& op) const {
     if (op.on_arena) return true;
     if (shm_peers_.empty()) return false;
@@ -482,6 +483,21 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
   void fail_for_refused_send(op_state& op, int peer, const refused_send& r);
   static std::string refused_send_detail(const refused_send& r, int peer, const std::string& send);
 
+  // Revocation (cpu/transport/impl/revocation.hpp).
+  void on_revoke(int peer, const wire_header& h, std::string why);
+  void apply_revocation(revocation r, int heard_from);
+  void tell_revocation(const revocation& r, int heard_from);
+  std::exception_ptr revoked_error(const op_state& op, const revocation& r) const;
+  void revoke_after(const op_state& op);
+
+  // Agreement (cpu/transport/impl/agreement.hpp).
+  static constexpr std::size_t max_agreements = 64;
+  agreement_slot& slot_for(std::uint64_t group, std::uint64_t number);
+  void pump(agreement_slot& s);
+  void pump_agreements();
+  void on_agree_frame(int peer, const wire_header& h, const std::string& bytes);
+  std::exception_ptr agreement_timeout(const op_state& op, const agreement_slot& s) const;
+
   // The host's shared memory (cpu/transport/impl/shm_links.hpp).
   void use_shm(const shm_links& shm);
   // Rank p's shared memory link (null: p is reached otherwise).
@@ -527,6 +543,9 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
   // Collectives that failed before this rank started them (or were
   // refused here): the error their op gets in add_op, and whom it names.
   failed_call_record failed_calls_;
+  group_registry groups_;  // the groups this rank knows, and the revoked ones
+  std::map<std::pair<std::uint64_t, std::uint64_t>, agreement_slot> agreements_;
+  std::uint64_t agreement_order_ = 0;
   // Per group, how many of its collectives this rank has entered (probes).
   std::unordered_map<std::uint64_t, std::uint64_t> entered_;
   host_layouts hosts_;
@@ -558,8 +577,10 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 // The members' bodies: header-only everywhere, in the separate-compilation
 // mode in the library alone (DCOMM_DECL, detail/asio.hpp).
 #if !defined(DCOMM_SEPARATE_COMPILATION) || defined(DCOMM_SOURCE)
+#include "dcomm/cpu/transport/impl/agreement.hpp"
 #include "dcomm/cpu/transport/impl/failure_forwarding.hpp"
 #include "dcomm/cpu/transport/impl/receiving.hpp"
+#include "dcomm/cpu/transport/impl/revocation.hpp"
 #include "dcomm/cpu/transport/impl/sending.hpp"
 #include "dcomm/cpu/transport/impl/shm_links.hpp"
 #include "dcomm/cpu/transport/impl/shutdown.hpp"
@@ -567,6 +588,7 @@ class transport : public std::enable_shared_from_this<transport>, private link_e
 
 // Separate compilation (tools/separate_compilation.py writes this block).
 // clang-format off
+DCOMM_INSTANTIATE(auto dcomm::cpu::transport::agree<void>(std::uint64_t group, std::string_view group_name, std::uint64_t number, std::vector<int> members, int me, bool flag, const char* operation, detail::clock::time_point deadline) -> detail::task<agreed_value>)
 DCOMM_INSTANTIATE(auto dcomm::cpu::transport::abandon<void>(op_state& op, std::exception_ptr why) -> detail::task<void>)
 DCOMM_INSTANTIATE(auto dcomm::cpu::transport::fill<void>(peer_link& l, std::size_t n, bool exact) -> detail::task<void>)
 DCOMM_INSTANTIATE(auto dcomm::cpu::transport::read_payload<void>(peer_link& l, char* dst, std::size_t n) -> detail::task<void>)

@@ -292,8 +292,9 @@ DCOMM_DECL void transport::notify_group(op_state& op) {
   try {
     std::rethrow_exception(op.failure);
   } catch (const error& e) {
-    // Refused input is refused on every rank that passed it; nothing to tell.
-    if (e.code() == errc::invalid_argument) return;
+    // Refused input is refused on every rank that passed it, a revocation
+    // told to every member already (impl/revocation.hpp): nothing to tell.
+    if (e.code() == errc::invalid_argument || e.code() == errc::revoked) return;
     if (e.code() == errc::mismatch) reason = fail_reason::mismatch;
     if (e.code() == errc::peer_lost) reason = fail_reason::peer_lost;
     if (e.code() == errc::timeout) reason = fail_reason::timeout;
@@ -548,6 +549,7 @@ DCOMM_EMIT_ON_USE_DEFINITION auto transport::abandon(op_state& op, std::exceptio
   if (!op.failure)
     op.failure = why ? why : std::make_exception_ptr(std::runtime_error("abandoned"));
   if (op.collective && !op.notified) notify_group(op);
+  if (options_.revoke_on_failure) revoke_after(op);  // after the call's own fail frames
   for (auto& it : op.items) cancel_item(it, true);
   // A message in progress finishes on its own (the link stays usable);
   // one that does not within io_grace (a stopped peer, a full socket)

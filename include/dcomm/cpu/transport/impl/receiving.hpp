@@ -147,7 +147,7 @@ DCOMM_DECL io_item* transport::take_posted(peer_link& l, const match_key& key) {
 // whatever the message's step: algorithms of different calls need not
 // use the same steps).
 DCOMM_DECL bool transport::keep_unexpected(int peer, const wire_header& h) {
-  if (failed_calls_.contains(call_id{h.group, h.seq})) return false;
+  if (failed_calls_.contains(call_id{h.group, h.seq}) || groups_.revoked(h.group)) return false;
   op_state* op = active_call(h.group, h.seq);
   if (!op) return true;
   if (op->failure) return false;
@@ -290,6 +290,25 @@ DCOMM_EMIT_ON_USE_DEFINITION detail::task<void> transport::read_frames(peer_link
         on_fail_frame(peer, h, carries ? &theirs : nullptr, std::move(finding));
         break;
       }
+      case msg_kind::revoke: {
+        // Why, in the revoker's words (cut short past max_finding_bytes).
+        const std::size_t said = std::min<std::uint64_t>(h.bytes, max_finding_bytes);
+        std::string why(said, '\0');
+        if (!from_stage(l, why.data(), said)) co_await read_payload(l, why.data(), said);
+        if (!from_stage(l, nullptr, h.bytes - said))
+          co_await read_payload(l, nullptr, h.bytes - said);
+        on_revoke(peer, h, std::move(why));
+        break;
+      }
+      case msg_kind::agree: {
+        // Bounded by the world's size (agreements.hpp); a longer one is dropped.
+        const bool fits = h.bytes <= max_agree_payload(world_);
+        std::string bytes(fits ? h.bytes : 0, '\0');
+        if (!from_stage(l, fits ? bytes.data() : nullptr, h.bytes))
+          co_await read_payload(l, fits ? bytes.data() : nullptr, h.bytes);
+        if (fits) on_agree_frame(peer, h, bytes);
+        break;
+      }
       default:
         on_control_frame(l, peer, h);
     }
@@ -301,7 +320,7 @@ DCOMM_DECL wire_header transport::take_header(peer_link& l, int peer) const {
   wire_header h;
   std::memcpy(&h, l.stage.data() + l.begin, sizeof h);
   l.begin += sizeof h;
-  if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::bye)
+  if (h.magic != wire_magic || h.kind < msg_kind::eager || h.kind > msg_kind::agree)
     throw_error(errc::protocol_error,
                 {.operation = "tcp transport",
                  .rank = rank_,

@@ -164,8 +164,10 @@ DCOMM_DECL void transport::lose_link(int peer, std::string why) {
     for (auto& it : op->items)
       if (it.peer == peer && it.staged && it.state == item_state::queued && !it.in_flight)
         fail_pending(&it);
-  // A call in the arena that waits for this peer looks again.
+  // A call in the arena that waits for this peer looks again; so does
+  // every agreement (its coordinator, or whom it waits for, may change).
   wake_arena_holder();
+  pump_agreements();
   // l.unexpected stays: those messages arrived before the link closed.
   // Calls that still needed this peer have failed above; the others
   // learn it when they post to it, and calls not yet started when they
