@@ -362,4 +362,13 @@ concept agreeing_backend = requires(B& b, const op_context& c, bool flag) {
   { b.agree(c, flag) } -> std::same_as<task<agreement>>;
 };
 
+// shrink: after an agreement, group_shrunk(parent, child) tells the
+// backend of the survivors' group (on every survivor, in the same order):
+// made from `parent`'s links, and not revoked with it.
+template <class B>
+concept shrinkable_backend = agreeing_backend<B> &&
+    requires(B& b, const std::shared_ptr<group_state>& g) {
+  {b.group_shrunk(g, g)};
+};
+
 }  // namespace dcomm

@@ -129,6 +129,20 @@ class communicator {
     return ops().agree(flag, o, std::forward<Token>(token));
   }
 
+  // The survivors' communicator (ULFM's MPIX_Comm_shrink, NCCL's
+  // ncclCommShrink): an agreement among the live members (as agree), then
+  // a group of those not failed, ranked in their old order, over the links
+  // they already have. Works on a revoked group; the new group is not
+  // revoked with it. Every live member calls it (in agree's order).
+  template <completion_token_for<communicator> Token = default_token_t>
+  auto shrink(Token&& token = {}) const requires shrinkable_backend<Backend> {
+    return shrink(op_options{}, std::forward<Token>(token));
+  }
+  template <completion_token_for<communicator> Token = default_token_t>
+  auto shrink(op_options o, Token&& token = {}) const requires shrinkable_backend<Backend> {
+    return ops().shrink(o, std::forward<Token>(token));
+  }
+
   // Writes this process's flight recorder (its last operations, every
   // group's: trace/flight_recorder.hpp describes the format) to `path`.
   // A timeout, a lost peer, a mismatch or an abort writes it on its own to

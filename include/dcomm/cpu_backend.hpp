@@ -152,6 +152,15 @@ class cpu_backend {
     });
   }
 
+  // communicator::shrink: the survivors' group, over the same links; a
+  // root of its own (a revocation of `parent` does not reach it).
+  void group_shrunk(const std::shared_ptr<group_state>&, const std::shared_ptr<group_state>& child) {
+    asio::dispatch(ex_, [net = net_, id = child->id, name = child->name, ranks = child->ranks,
+                         alive = std::weak_ptr<const void>(child)]() mutable {
+      net->add_group(id, id, std::move(name), std::move(ranks), std::move(alive));
+    });
+  }
+
   // communicator::revoke: the group's pending and later operations, and
   // those of the groups made from it, fail on every member with
   // errc::revoked. Thread-safe: runs on the backend's executor.

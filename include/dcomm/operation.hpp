@@ -38,6 +38,7 @@ enum class operation : std::uint8_t {
   split,              // all_gather of (color, key)
   // Recovery (docs/elastic.md): numbered apart from the collectives.
   agree,
+  shrink,  // an agreement, then a group of the survivors
   // Without messages: their checks' errors name them.
   new_group,
   global_rank,
@@ -63,6 +64,7 @@ inline constexpr const char* operation_names[] = {"send",
                                                   "all_gather_object",
                                                   "split",
                                                   "agree",
+                                                  "shrink",
                                                   "new_group",
                                                   "global_rank"};
 static_assert(std::size(operation_names) == static_cast<std::size_t>(operation::global_rank) + 1);

@@ -51,4 +51,46 @@ TEST_SUITE("cpu elastic processes") {
           if (r != victim) CHECK(results[static_cast<std::size_t>(r)].exit_code == decision);
       }
   }
+
+  // The promise: a lost rank costs the job a step, not the job.
+  TEST_CASE("a rank killed mid-all_reduce costs the survivors a step: revoke, shrink, go on") {
+    DCOMM_TEST_DEADLINE(120s);
+    dcomm::test::listening_socket master;
+    auto results = dcomm::test::fork_world(4, 60s, [&](int rank) -> int {
+      dcomm::test::set_rank_environment(master, rank, 4);
+      dcomm::init_options<dcomm::cpu_backend> o{.timeout = 20s};
+      o.backend.revoke_on_failure = true;
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+      const int steps = 6;
+      int recoveries = 0;
+      for (int step = 0; step < steps; ++step) {
+        std::vector<float> v(1 << 16, static_cast<float>(c.global_rank(c.rank()) + 1));
+        if (rank == 2 && step == 3) {
+          c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
+          std::this_thread::sleep_for(1ms);
+          ::kill(::getpid(), SIGKILL);
+        }
+        try {
+          c.all_reduce(v, dcomm::sum, dcomm::blocking);
+        } catch (const dcomm::error& e) {
+          if (e.code() != dcomm::errc::peer_lost && e.code() != dcomm::errc::revoked) throw;
+          c = c.shrink(dcomm::blocking);
+          ++recoveries;
+          // Some may have finished this step before the failure: all redo
+          // the earliest step not finished everywhere.
+          std::vector<int> redo{step};
+          c.all_reduce(redo, dcomm::min, dcomm::blocking);
+          step = redo[0] - 1;
+          continue;
+        }
+        float expected = 0;
+        for (int g : c.ranks()) expected += static_cast<float>(g + 1);
+        if (v[0] != expected || v.back() != expected) return 10 + step;
+      }
+      return c.size() == 3 && recoveries == 1 ? 0 : 20 + c.size();
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[2].signal == SIGKILL);
+    for (int r : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(r)].exit_code == 0);
+  }
 }

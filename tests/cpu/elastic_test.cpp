@@ -307,4 +307,51 @@ TEST_SUITE("cpu elastic") {
     INFO(report);
     CHECK(report.empty());
   }
+
+  TEST_CASE("shrink: the survivors get a communicator of themselves, in their old order") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(4, [](comm& c, int r) -> asio::awaitable<void> {
+      co_await c.barrier(patient());
+      if (r == 1) co_return;  // its links close
+      if (r == 0) {
+        co_await sleep_for(200ms);  // the others are out of the barrier
+        c.revoke("rank 1 is gone");
+      }
+      comm s = co_await c.shrink(patient());
+      const std::vector<int> expected{0, 2, 3};
+      require(s.size() == 3 && std::vector<int>(s.ranks().begin(), s.ranks().end()) == expected &&
+                  s.global_rank(s.rank()) == r,
+              "shrunk to " + std::to_string(s.size()) + " ranks, rank " + std::to_string(s.rank()));
+      std::vector<int> v{r + 1};
+      co_await s.all_reduce(v, dcomm::sum, patient());
+      require(v[0] == 1 + 3 + 4, "the survivors' all_reduce: " + std::to_string(v[0]));
+      std::vector<float> big(100000, s.rank() == 2 ? 1.5f : 0.0f);
+      co_await s.broadcast(big, 2, patient());
+      require(big[99999] == 1.5f, "a broadcast from the new rank 2");
+      std::vector<int> x{r};
+      if (s.rank() == 0) co_await s.send(x, 1, 4, patient());
+      if (s.rank() == 1) {
+        co_await s.recv(x, 0, 4, patient());
+        require(x[0] == 0, "send/recv on the shrunk group");
+      }
+      // The old group stays revoked; groups made from the new one work.
+      auto old = co_await failure_of([&] { return c.barrier(patient()); });
+      require(old.first == dcomm::errc::revoked, "the old world: " + old.second);
+      std::optional<comm> pair = s.new_group({0, 2});
+      if (pair) co_await pair->barrier(patient());
+      co_await s.barrier(patient());
+    });
+  }
+
+  TEST_CASE("shrink without a failure: the same members, a new group") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      comm s = co_await c.shrink(patient());
+      require(s.size() == 3 && s.rank() == r, "shrunk without a failure");
+      std::vector<int> v{r};
+      co_await s.all_reduce(v, dcomm::sum, patient());
+      co_await c.all_reduce(v, dcomm::sum, patient());  // the old one works on too
+      require(v[0] == 9, "all_reduce: " + std::to_string(v[0]));
+    });
+  }
 }

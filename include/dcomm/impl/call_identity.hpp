@@ -71,6 +71,15 @@ inline std::uint64_t new_group_id(std::uint64_t parent, std::uint64_t index,
   return id;
 }
 
+// shrink: the survivors (global ranks, in old group rank order) of the
+// parent's agreement number `agreement`.
+inline std::uint64_t shrink_group_id(std::uint64_t parent, std::uint64_t agreement,
+                                     std::span<const int> survivors) {
+  std::uint64_t id = mix64(parent ^ mix64(~agreement));
+  for (int m : survivors) id = mix64(id ^ static_cast<std::uint64_t>(m));
+  return id;
+}
+
 // split: every rank passing `color` to the same split gets the same group.
 inline std::uint64_t split_group_id(std::uint64_t parent, std::uint64_t index, std::int64_t color) {
   return mix64(parent ^ mix64(index + 1) ^ mix64(static_cast<std::uint64_t>(color) << 1));
@@ -109,10 +118,10 @@ inline op_context collective_context(const std::shared_ptr<group_state>& group, 
 // its collectives, so that members whose calls before it differ in number
 // (some failed, some completed a call the failure revoked) still meet.
 inline op_context agreement_context(const std::shared_ptr<group_state>& group,
-                                    const op_options& o) {
+                                    const op_options& o, operation op = operation::agree) {
   const auto now = detail::clock::now();
   return {.group = group,
-          .operation = operation::agree,
+          .operation = op,
           .seq = group->agreements.fetch_add(1),
           .deadline = now + o.timeout.value_or(group->timeout),
           .issued = now};

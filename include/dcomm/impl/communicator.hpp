@@ -347,6 +347,25 @@ class comm_ops {
         trace::op_brief{.collective = false, .type = dtype::uint8, .count = 1});
   }
 
+  template <class Token>
+  auto shrink(op_options o, Token&& token) const {
+    o = options(o);
+    auto bad = check([&] {
+      check_options<Backend>(operation::shrink, o);
+      if (o.algorithm != algorithm::automatic)
+        invalid(operation::shrink, "shrink has no algorithm to choose");
+    });
+    op_context ctx = bad ? p2p_context(c_.group_, operation::shrink, 0, o)
+                         : agreement_context(c_.group_, o, operation::shrink);
+    return launch<comm>(
+        c_.rt_, std::forward<Token>(token), bad, std::move(ctx),
+        [self = c_](Backend& b, const op_context& c) -> task<comm> {
+          const agreement a = co_await b.agree(c, true);
+          co_return comm_ops(self).join_shrunk(a, c.seq);
+        },
+        trace::op_brief{.collective = false, .type = dtype::uint8, .count = 1});
+  }
+
   // ------------------------------------------------------------- groups
 
   std::optional<comm> new_group(std::vector<int> members) const {
@@ -413,6 +432,29 @@ class comm_ops {
     }
     auto child = make_group_state(id, std::move(global), my_rank);
     c_.rt_->backend->group_created(c_.group_, child, static_cast<int>(mine[0]), my_rank);
+    return comm(c_.rt_, c_.owner_, std::move(child));
+  }
+
+  // The survivors' group, from agreement `number`'s decision: the members
+  // not failed, renumbered in their old order.
+  comm join_shrunk(const agreement& a, std::uint64_t number) const {
+    std::vector<int> survivors;
+    int my_rank = -1;
+    for (int r = 0; r < size(); ++r) {
+      if (std::binary_search(a.failed.begin(), a.failed.end(), r)) continue;
+      if (r == rank()) my_rank = static_cast<int>(survivors.size());
+      survivors.push_back(c_.global_rank(r));
+    }
+    if (my_rank < 0)
+      throw_error(errc::peer_lost,
+                  {.operation = "shrink",
+                   .rank = c_.rt_->backend->rank(),
+                   .peers = "ranks " + format_ranks(survivors),
+                   .detail = "the survivors counted this rank failed (its links to them, or to "
+                             "their coordinator, were lost): it is not in their group"});
+    auto child =
+        make_group_state(shrink_group_id(c_.group_->id, number, survivors), survivors, my_rank);
+    c_.rt_->backend->group_shrunk(c_.group_, child);
     return comm(c_.rt_, c_.owner_, std::move(child));
   }
 

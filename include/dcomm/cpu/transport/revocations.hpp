@@ -40,7 +40,9 @@ class group_registry {
     groups_.emplace(group_state::world_id, std::move(w));
   }
 
-  // A group made from `parent` on this rank, whose members are `members`
+  // A group made from `parent` on this rank (itself: a group of survivors,
+  // communicator::shrink, which a revocation of the old group does not
+  // reach), whose members are `members`
   // (global ranks): kept while `alive` is (the group's state). The groups of
   // dead handles go as groups are added, so that the registry stays as
   // large as the program's live groups. Returns the group's revocation if
