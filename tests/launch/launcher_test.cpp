@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -248,22 +249,34 @@ int as_late_culprit() {
 }
 
 // `launcher_tests --as-killed-culprit` (world 3, under dcomm-run): while
-// rank 0 holds dcomm-run stopped (SIGSTOP, 1 s), rank 2 is killed and
+// rank 0 holds dcomm-run stopped (SIGSTOP, 2 s), rank 2 is killed and
 // rank 1 exits 1 with an error naming it, as a survivor does on the lost
 // peer; once dcomm-run runs again it reaps both in one pass, stamped at
 // the same moment. Rank 2, killed, wrote no error file: dcomm-run must
 // name it, not rank 1 (as on a loaded machine, where dcomm-run is slow to
-// run).
+// run). Rank 0 stops dcomm-run only once ranks 1 and 2 have started
+// (each leaves a file named for dcomm-run's pid): stopped earlier, it
+// would start rank 2 only after the window, which then dies alone.
 int as_killed_culprit() {
   const std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "";
   const pid_t launcher = ::getppid();
+  const auto started = [&](const std::string& r) {
+    return "/tmp/dcomm-killed-culprit-" + std::to_string(launcher) + "." + r;
+  };
   if (rank == "0") {
+    for (int i = 0; i < 1000; ++i) {
+      if (std::filesystem::exists(started("1")) && std::filesystem::exists(started("2"))) break;
+      std::this_thread::sleep_for(10ms);
+    }
+    std::filesystem::remove(started("1"));
+    std::filesystem::remove(started("2"));
     ::kill(launcher, SIGSTOP);
-    std::this_thread::sleep_for(1s);
+    std::this_thread::sleep_for(2s);
     ::kill(launcher, SIGCONT);
     std::this_thread::sleep_for(30s);  // until dcomm-run stops it
     return 0;
   }
+  std::ofstream(started(rank)) << "started\n";
   // Until dcomm-run is stopped (its state 'T' in /proc), at most 10 s.
   const std::string stat = "/proc/" + std::to_string(launcher) + "/stat";
   for (int i = 0; i < 1000; ++i) {
