@@ -1,0 +1,194 @@
+// elastic_bench: what a lost rank costs the survivors (issue 43,
+// docs/elastic.md). In each round a world of forked ranks all_reduces; one
+// rank (a different one each round, rank 0 among them) SIGKILLs itself in the
+// middle of one; the survivors, with revoke_on_failure, catch the error,
+// shrink and all_reduce again. A row per world: from the kill to the
+// survivors' error (detection, the revoke's flood), to shrink's return
+// (agreement and the new communicator), and to the end of their next
+// all_reduce, each the slowest survivor's, the median and the largest of
+// the rounds. The clock is CLOCK_MONOTONIC, one for every process of the host.
+//
+//   elastic_bench --world 8 --rounds 20
+//   elastic_bench --world 8 --hosts 2          # shared memory inside, TCP across
+//   elastic_bench --world 4 --transport tcp
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../tests/support/fork_world.hpp"
+#include "../tests/support/listening_socket.hpp"
+#include "dcomm/command_line.hpp"
+#include "dcomm/cpu_backend.hpp"
+#include "dcomm/init_process_group.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct settings {
+  int world = 4;
+  int hosts = 0;          // > 0: the ranks play this many hosts of consecutive ranks
+  std::string transport;  // cpu_backend::options::transport; empty: the backend's
+  int rounds = 10;
+  std::size_t bytes = 4;
+  int warmup = 20;  // all_reduces before the kill
+};
+
+constexpr int max_world = 64;
+
+// What the ranks of one round write, in memory every process shares.
+struct round_record {
+  std::atomic<std::int64_t> killed_ns{0};
+  std::int64_t caught_ns[max_world];
+  std::int64_t shrunk_ns[max_world];
+  std::int64_t next_ns[max_world];
+};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool lost(const dcomm::error& e) {
+  return e.code() == dcomm::errc::peer_lost || e.code() == dcomm::errc::revoked;
+}
+
+// One rank of a round: `victim` kills itself in its all_reduce number
+// s.warmup; the others return 0 once they have all_reduced after shrinking.
+int run_rank(const settings& s, int rank, int victim, round_record& record) {
+  dcomm::init_options<dcomm::cpu_backend> o{.timeout = 20s};
+  o.backend.bind_host = "127.0.0.1";
+  o.backend.revoke_on_failure = true;
+  if (!s.transport.empty()) o.backend.transport = s.transport;
+  if (s.hosts > 0) o.backend.host_id = "bench-host-" + std::to_string(rank * s.hosts / s.world);
+  auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+  std::vector<float> v(std::max<std::size_t>(1, s.bytes / sizeof(float)), 1.0f);
+  for (int step = 0;; ++step) {
+    if (rank == victim && step == s.warmup) {
+      c.all_reduce(v, dcomm::sum, [](std::exception_ptr) {});
+      std::this_thread::sleep_for(100us);
+      record.killed_ns = now_ns();
+      ::kill(::getpid(), SIGKILL);
+    }
+    try {
+      c.all_reduce(v, dcomm::sum, dcomm::blocking);
+      std::fill(v.begin(), v.end(), 1.0f);
+    } catch (const dcomm::error& e) {
+      if (!lost(e)) throw;
+      record.caught_ns[rank] = now_ns();
+      break;
+    }
+    if (step > s.warmup + 1000) return 3;  // the failure never came
+  }
+  c = c.shrink(dcomm::blocking);
+  record.shrunk_ns[rank] = now_ns();
+  std::fill(v.begin(), v.end(), 1.0f);
+  c.all_reduce(v, dcomm::sum, dcomm::blocking);
+  record.next_ns[rank] = now_ns();
+  return v[0] == static_cast<float>(s.world - 1) && c.size() == s.world - 1 ? 0 : 4;
+}
+
+struct spread {
+  double median = 0, largest = 0;
+};
+
+spread of(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  if (ms.empty()) return {};
+  return {ms[ms.size() / 2], ms.back()};
+}
+
+int run(const settings& s) {
+  // MAP_SHARED before the fork: every rank writes its own slots.
+  void* shared = ::mmap(nullptr, sizeof(round_record), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    std::perror("elastic_bench: mmap");
+    return 1;
+  }
+  auto* record = static_cast<round_record*>(shared);
+  std::vector<double> caught, shrunk, next;
+  int failed_rounds = 0;
+  for (int round = 0; round < s.rounds; ++round) {
+    new (record) round_record{};
+    const int victim = round % s.world;
+    dcomm::test::listening_socket master;
+    auto results = dcomm::test::fork_world(s.world, 60s, [&](int rank) -> int {
+      dcomm::test::set_rank_environment(master, rank, s.world);
+      return run_rank(s, rank, victim, *record);
+    });
+    bool ok = true;
+    std::int64_t last_caught = 0, last_shrunk = 0, last_next = 0;
+    for (int r = 0; r < s.world; ++r) {
+      if (r == victim) continue;
+      const auto& result = results[static_cast<std::size_t>(r)];
+      if (!result.ok()) {
+        ok = false;
+        std::fprintf(stderr, "elastic_bench: round %d (rank %d killed): %s\n", round, victim,
+                     dcomm::test::describe(results).c_str());
+        break;
+      }
+      last_caught = std::max(last_caught, record->caught_ns[r]);
+      last_shrunk = std::max(last_shrunk, record->shrunk_ns[r]);
+      last_next = std::max(last_next, record->next_ns[r]);
+    }
+    if (!ok || record->killed_ns == 0) {
+      ++failed_rounds;
+      continue;
+    }
+    const double killed = static_cast<double>(record->killed_ns.load());
+    caught.push_back((static_cast<double>(last_caught) - killed) / 1e6);
+    shrunk.push_back((static_cast<double>(last_shrunk) - killed) / 1e6);
+    next.push_back((static_cast<double>(last_next) - killed) / 1e6);
+  }
+  ::munmap(shared, sizeof(round_record));
+  const auto c = of(caught), sh = of(shrunk), n = of(next);
+  const std::string links =
+      s.hosts > 0 ? std::to_string(s.hosts) + " hosts" : s.transport.empty() ? "auto" : s.transport;
+  std::printf("%6d %10s %10zu %7zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s.world, links.c_str(),
+              s.bytes, caught.size(), c.median, c.largest, sh.median, sh.largest, n.median,
+              n.largest);
+  if (failed_rounds > 0) std::fprintf(stderr, "elastic_bench: %d round(s) failed\n", failed_rounds);
+  return failed_rounds > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  dcomm::command_line cl("elastic_bench",
+                         "From a SIGKILL in an all_reduce to the survivors' next all_reduce: "
+                         "detection, revoke, agree and shrink, in milliseconds.");
+  cl.option("world", s.world, "N", "forked ranks; 4").at_least(2).at_most(max_world);
+  cl.option("hosts", s.hosts, "K",
+            "the ranks play K hosts of consecutive ranks: shared memory inside each, TCP "
+            "between them")
+      .at_least(1);
+  cl.option("transport", s.transport, "auto|shm|tcp", "the links between ranks of this host")
+      .one_of({"auto", "shm", "tcp"});
+  cl.option("rounds", s.rounds, "N", "kills, each in a fresh world; 10").at_least(1);
+  cl.bytes("bytes", s.bytes, "B", "each all_reduce's size; 4");
+  cl.option("warmup", s.warmup, "N", "all_reduces before the kill; 20").at_least(0);
+  cl.parse(argc, argv);
+  std::printf("# elastic_bench: ms from the kill to the slowest survivor's: error, shrink's "
+              "return, next all_reduce's end\n");
+  std::printf("# %4s %10s %10s %7s %19s %19s %19s\n", "world", "links", "bytes", "rounds",
+              "error (med, max)", "shrunk (med, max)", "next (med, max)");
+  try {
+    return run(s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "elastic_bench: %s\n", e.what());
+    return 1;
+  }
+}
