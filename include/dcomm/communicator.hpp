@@ -66,12 +66,15 @@ concept object_value = std::is_trivially_copyable_v<T> || std::same_as<T, std::s
 namespace detail {
 template <backend Backend>
 class comm_ops;
+template <backend Backend>
+struct elastic_access;
 }  // namespace detail
 
 template <backend Backend>
 class communicator {
   using ops_type = detail::comm_ops<Backend>;
   friend ops_type;
+  friend struct detail::elastic_access<Backend>;  // grow (elastic.hpp)
 
  public:
   using backend_type = Backend;

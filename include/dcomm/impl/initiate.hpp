@@ -38,6 +38,9 @@ struct comm_runtime {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<io_thread> thread;  // when the backend runs on our own thread
   std::shared_ptr<store> rendezvous_store;
+  // The store joiners reach, where grow() made this world (elastic.hpp):
+  // rendezvous_store is then the generation's, under a prefix.
+  std::shared_ptr<store> job_store;
   // This process's last operations, every group's; shared with the
   // SIGUSR1 dump, which may outlive the rest.
   std::shared_ptr<trace::flight_recorder> recorder = std::make_shared<trace::flight_recorder>();
