@@ -4,8 +4,8 @@
 //
 //   // a member, at a step boundary (every member of comm calls it):
 //   comm = co_await dcomm::grow(comm, options);   // comm itself if nobody waits
-//   // a new process, with a client of the job's store:
-//   auto comm = co_await dcomm::join<dcomm::cpu_backend>(ex, store, options);
+//   // a new process, through the job's store (env://: MASTER_ADDR, MASTER_PORT):
+//   auto comm = dcomm::join<dcomm::cpu_backend>(options);   // blocking; or (ex, store, options)
 //
 // What happens: a joiner takes a ticket (the store's counter
 // "dcomm/elastic/tickets") and waits for its admission. At grow(), the
@@ -18,8 +18,9 @@
 // and grow() returns its communicator; the old one stays open until its
 // last handle goes. Several joiners are admitted at one grow().
 //
-// The store must outlive the ranks that may die: a store server of its own
-// (tcp_store_server, or torch's agent) rather than rank 0's. A grow() that
+// The store must outlive the ranks that may die: a server of its own
+// (dcomm-store, whose members set DCOMM_STORE_SERVED=1 for env://, or
+// tcp_store_server in a process of the program's), not rank 0's. A grow() that
 // fails (a member or a joiner lost while the new world meets) fails on
 // every member: they keep the old communicator (shrink it if a member died)
 // and may grow again; joiners of that generation time out of join() and
@@ -36,9 +37,11 @@
 #include "dcomm/communicator.hpp"
 #include "dcomm/completion.hpp"
 #include "dcomm/error.hpp"
+#include "dcomm/init_method.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/store/prefix_store.hpp"
 #include "dcomm/store/store.hpp"
+#include "dcomm/store/tcp_store.hpp"
 
 namespace dcomm {
 namespace detail {
@@ -175,6 +178,26 @@ asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_
   std::rethrow_exception(as_dcomm_error(failure, std::move(where)));
 }
 
+// A client of the job's store named by an init_method, env:// or tcp://
+// (a server of its own: DCOMM_STORE_SERVED): a joiner has no rank yet and
+// hosts nothing.
+template <class Backend>
+std::shared_ptr<store> joiners_store(asio::any_io_executor ex, const init_options<Backend>& o) {
+  const env_lookup env = o.env ? *o.env : process_environment();
+  const init_spec spec = parse_init_method(o.init_method.str(), 0, 1, env);
+  if (spec.kind == init_kind::file)
+    throw_error(errc::invalid_argument,
+                {.operation = "join",
+                 .expected = "env:// or tcp://host:port",
+                 .seen = spec.url,
+                 .detail = "a joiner reaches the job's store over TCP (a file store has no "
+                           "server to outlive the ranks)"});
+  return tcp_store::create(std::move(ex), {.host = spec.host,
+                                           .port = spec.port,
+                                           .timeout = o.timeout,
+                                           .job_token = o.job_token.str()});
+}
+
 }  // namespace detail
 
 // Admits the processes waiting in join() (every member of comm calls it,
@@ -214,6 +237,28 @@ auto join(asio::any_io_executor executor, std::shared_ptr<store> job, init_optio
   const auto limit = o.timeout * 3 + detail::blocking_grace;
   return detail::initiate(strand, detail::join_op<Backend>(std::move(job), std::move(o), nullptr),
                           std::forward<Token>(token), "join", limit);
+}
+
+// The same through o.init_method's store: env:// (MASTER_ADDR and
+// MASTER_PORT) or tcp://host:port, served by a process of its own
+// (dcomm-store; DCOMM_STORE_SERVED=1 for the members' env://).
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto join(asio::any_io_executor executor, init_options<Backend> o, Token&& token = {}) {
+  auto job = detail::joiners_store(executor, o);
+  return join<Backend>(std::move(executor), std::move(job), std::move(o),
+                       std::forward<Token>(token));
+}
+
+// The blocking form for plain code: the backend and the store's client get
+// an io thread of their own.
+template <backend Backend>
+communicator<Backend> join(init_options<Backend> o) {
+  auto thread = std::make_shared<detail::io_thread>();
+  auto job = detail::joiners_store(thread->get_executor(), o);
+  const auto limit = o.timeout * 3 + detail::blocking_grace;
+  return detail::initiate(thread->get_executor(),
+                          detail::join_op<Backend>(std::move(job), std::move(o), thread), blocking,
+                          "join", limit);
 }
 
 }  // namespace dcomm

@@ -92,6 +92,14 @@ inline std::string agent_store_prefix(const env_lookup& env) {
   return "/worker/attempt_" + restart.value_or("0") + "/";
 }
 
+// Whether a process of its own serves the job's store at MASTER_ADDR:
+// MASTER_PORT (dcomm-store, docs/elastic.md): DCOMM_STORE_SERVED=1. Rank 0
+// then connects to it as every rank does, and may die like any other.
+inline bool store_served(const env_lookup& env) {
+  const auto served = env ? env("DCOMM_STORE_SERVED") : std::nullopt;
+  return served && (*served == "1" || *served == "true" || *served == "True");
+}
+
 // What to do when rank 0's port is taken.
 inline std::string port_taken_hint(const init_spec& spec) {
   if (spec.kind != init_kind::env) return "choose another port in " + spec.address();
@@ -335,7 +343,8 @@ DCOMM_EMIT_ON_USE asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_
                                                  .rank = spec.rank,
                                                  .server_name = "torchrun's agent store"});
   } else {
-    bool host_server = spec.rank == 0;
+    const bool served = store_served(env);
+    bool host_server = spec.rank == 0 && !served;
     int listen_fd = -1;
     // A launcher that bound the port for rank 0 passes the socket down.
     if (auto fd = env("DCOMM_MASTER_LISTEN_FD"); fd && host_server) {
@@ -366,7 +375,7 @@ DCOMM_EMIT_ON_USE asio::awaitable<rendezvous_result> rendezvous_op(asio::any_io_
                                                   .timeout = options.timeout,
                                                   .job_token = options.job_token.str(),
                                                   .rank = spec.rank,
-                                                  .server_rank = 0});
+                                                  .server_rank = served ? -1 : 0});
     } catch (const dcomm::error& e) {
       if (e.code() != errc::address_in_use) throw;
       auto ctx = e.context();
