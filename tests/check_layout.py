@@ -51,7 +51,7 @@ FLOORS = [
     (6, 'dcomm/impl/src.hpp'),  # the separate-compilation library: everything
     (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
     (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
-    (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'), (5, 'dcomm/rpc.hpp'), (5, 'dcomm/rpc/'), (5, 'dcomm/elastic.hpp'),
+    (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'), (5, 'dcomm/rpc.hpp'), (5, 'dcomm/rpc/'), (5, 'dcomm/elastic.hpp'), (5, 'dcomm/elastic/'),
     (6, 'dcomm/dcomm.hpp'),
 ]
 

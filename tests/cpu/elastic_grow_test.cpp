@@ -1,7 +1,8 @@
 // Growing a job in place (issue 43, dcomm/elastic.hpp): joiners admitted at
 // the members' grow(), ranked after them; a killed rank's replacement joins
 // the survivors after they shrink, rank 0 killed too (the store has a
-// process of its own), cycle after cycle. Processes: fork.
+// process of its own), and heal() brings it the model and the step, cycle
+// after cycle. Processes: fork.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,9 +10,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -251,6 +254,12 @@ TEST_SUITE("cpu elastic grow") {
         auto o = job_options(index);
         dcomm::communicator<dcomm::cpu_backend> c;
         std::vector<int> state{0, 0};  // the step to run, the cycles done
+        // The model: every element step + 1 once a step is done (a step
+        // done twice leaves it as it was). heal() brings it to a joiner,
+        // with `state`, from the most advanced member.
+        std::vector<float> model(1 << 14, 0.0f);
+        const std::vector<std::span<std::uint8_t>> held_state{dcomm::bytes_of(model),
+                                                              dcomm::bytes_of(state)};
         if (index < world) {
           c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
               context.get_executor(), s, index, world, o, asio::use_awaitable);
@@ -262,7 +271,8 @@ TEST_SUITE("cpu elastic grow") {
           co_await s->wait(asked, limit, asio::use_awaitable);
           c = co_await dcomm::join<dcomm::cpu_backend>(context.get_executor(), s, o,
                                                        asio::use_awaitable);
-          co_await c.broadcast(state, 0, asio::use_awaitable);  // the members' step
+          const dcomm::heal_result h = co_await dcomm::heal(c, -1, held_state, asio::use_awaitable);
+          if (h.step != state[0] || model[0] != model.back()) co_return 8;
           if (int bad = co_await check_world(c, world, index)) co_return bad;
         }
         std::vector<resources> held;  // after each recovery
@@ -283,6 +293,7 @@ TEST_SUITE("cpu elastic grow") {
           }
           if (!failed) {
             if (v[0] != static_cast<float>(c.size())) co_return 10 + state[0];
+            std::fill(model.begin(), model.end(), static_cast<float>(state[0] + 1));
             ++state[0];
             continue;
           }
@@ -291,7 +302,8 @@ TEST_SUITE("cpu elastic grow") {
           c = co_await c.shrink(asio::use_awaitable);
           std::vector<int> redo{state[0]};
           co_await c.all_reduce(redo, dcomm::min, asio::use_awaitable);
-          state = {redo[0], cycle + 1};
+          state[0] = redo[0];  // (in place: heal reads these bytes)
+          state[1] = cycle + 1;
           if (c.rank() == 0)
             co_await s->set("test/replace/" + std::to_string(cycle), "1", asio::use_awaitable);
           for (int tries = 0; c.size() < world; ++tries) {
@@ -300,7 +312,9 @@ TEST_SUITE("cpu elastic grow") {
             asio::steady_timer pause(context, 1ms);
             co_await pause.async_wait(asio::use_awaitable);
           }
-          co_await c.broadcast(state, 0, asio::use_awaitable);
+          const dcomm::heal_result h =
+              co_await dcomm::heal(c, state[0], held_state, asio::use_awaitable);
+          if (h.healed.empty() || h.healed.back() != world - 1) co_return 9;  // the joiner's
           int host_peers = 0;
           if (int bad = co_await check_world(c, world, index, &host_peers)) co_return bad;
           held.push_back(resources::now());

@@ -1,0 +1,264 @@
+// grow and join: growing a job in place (docs/elastic.md): a new process joins through the
+// job's store and is admitted at the members' next grow(), with a rank after
+// theirs (NCCL's ncclCommGrow, torchft's and PCCL's joiners).
+//
+//   // a member, at a step boundary (every member of comm calls it):
+//   comm = co_await dcomm::grow(comm, options);   // comm itself if nobody waits
+//   // a new process, through the job's store (env://: MASTER_ADDR, MASTER_PORT):
+//   auto comm = dcomm::join<dcomm::cpu_backend>(options);   // blocking; or (ex, store, options)
+//
+// What happens: a joiner takes a ticket (the store's counter
+// "dcomm/elastic/tickets") and waits for its admission. At grow(), the
+// members' rank 0 admits every ticket taken since the last admission: it
+// numbers a new generation, writes each joiner its rank (the members keep
+// theirs, 0 to n-1; joiners follow in ticket order) and broadcasts the
+// generation and the new size to the members. Then members and joiners
+// meet as a new world through the store under "dcomm/elastic/<generation>/"
+// (the rendezvous and the backend's connections, as init_process_group's),
+// and grow() returns its communicator; the old one stays open until its
+// last handle goes. Several joiners are admitted at one grow().
+//
+// The store must outlive the ranks that may die: a server of its own
+// (dcomm-store, whose members set DCOMM_STORE_SERVED=1 for env://, or
+// tcp_store_server in a process of the program's), not rank 0's. A grow() that
+// fails (a member or a joiner lost while the new world meets) fails on
+// every member: they keep the old communicator (shrink it if a member died)
+// and may grow again; joiners of that generation time out of join() and
+// join again. The store's keys, counters and admissions stay in the store.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dcomm/backend.hpp"
+#include "dcomm/communicator.hpp"
+#include "dcomm/completion.hpp"
+#include "dcomm/error.hpp"
+#include "dcomm/init_method.hpp"
+#include "dcomm/init_process_group.hpp"
+#include "dcomm/store/prefix_store.hpp"
+#include "dcomm/store/store.hpp"
+#include "dcomm/store/tcp_store.hpp"
+
+namespace dcomm {
+namespace detail {
+
+inline constexpr const char* elastic_tickets_key = "dcomm/elastic/tickets";
+inline constexpr const char* elastic_admitted_key = "dcomm/elastic/admitted";
+inline constexpr const char* elastic_generation_key = "dcomm/elastic/generation";
+
+inline std::string admission_key(std::int64_t ticket) {
+  return "dcomm/elastic/admit/" + std::to_string(ticket);
+}
+
+// The store a generation's world meets through.
+inline std::shared_ptr<store> generation_store(std::shared_ptr<store> job, std::int64_t g) {
+  return prefix_store::create("dcomm/elastic/" + std::to_string(g), std::move(job));
+}
+
+// What a joiner is told: "generation rank world".
+struct admission {
+  std::int64_t generation = 0;
+  int rank = 0;
+  int world = 0;
+};
+
+inline std::string encode(const admission& a) {
+  return std::to_string(a.generation) + " " + std::to_string(a.rank) + " " +
+         std::to_string(a.world);
+}
+
+inline admission decode_admission(const std::string& text, const std::string& key) {
+  admission a;
+  long long g = 0;
+  int rank = 0, world = 0;
+  if (std::sscanf(text.c_str(), "%lld %d %d", &g, &rank, &world) != 3 || g < 1 || rank < 0 ||
+      world <= rank)
+    throw_error(errc::protocol_error, {.operation = "join",
+                                       .key = key,
+                                       .seen = "'" + text + "'",
+                                       .detail = "an admission reads 'generation rank world'"});
+  a.generation = g;
+  a.rank = rank;
+  a.world = world;
+  return a;
+}
+
+// The communicator's runtime, for grow (communicator.hpp befriends it).
+template <backend Backend>
+struct elastic_access {
+  static const std::shared_ptr<comm_runtime<Backend>>& runtime(const communicator<Backend>& c) {
+    return c.rt_;
+  }
+};
+
+// The executor under a backend's strand: the new world gets a strand of
+// its own on it (or it itself, an io_context's made for one thread).
+inline asio::any_io_executor underlying_executor(const asio::any_io_executor& ex) {
+  if (auto* s = executor_target<asio::strand<asio::any_io_executor>>(ex))
+    return s->get_inner_executor();
+  if (auto* s = executor_target<asio::strand<asio::io_context::executor_type>>(ex))
+    return s->get_inner_executor();
+  return ex;
+}
+
+// On the members' rank 0: admits the tickets taken since the last
+// admission. Returns {generation, new size}; {0, n} when nobody waits.
+inline asio::awaitable<std::vector<std::int64_t>> admit_joiners(std::shared_ptr<store> s, int n) {
+  const std::int64_t taken = co_await s->add(elastic_tickets_key, 0);
+  const std::int64_t admitted = co_await s->add(elastic_admitted_key, 0);
+  if (taken <= admitted) co_return std::vector<std::int64_t>{0, n};
+  const std::int64_t joiners = taken - admitted;
+  const std::int64_t g = co_await s->add(elastic_generation_key, 1);
+  const int world = n + static_cast<int>(joiners);
+  for (std::int64_t t = admitted + 1; t <= taken; ++t)
+    co_await s->set(
+        admission_key(t),
+        encode({.generation = g, .rank = n + static_cast<int>(t - admitted - 1), .world = world}));
+  co_await s->add(elastic_admitted_key, joiners);
+  co_return std::vector<std::int64_t>{g, world};
+}
+
+// The new world of generation g, as init_process_group over a store makes
+// one; its runtime remembers the job's store, for the next grow.
+template <backend Backend>
+asio::awaitable<communicator<Backend>> meet_generation(std::shared_ptr<store> job, std::int64_t g,
+                                                       int rank, int world, init_options<Backend> o,
+                                                       std::shared_ptr<io_thread> thread) {
+  auto comm = co_await init_from_store<Backend>(generation_store(job, g), rank, world, std::move(o),
+                                                std::move(thread));
+  elastic_access<Backend>::runtime(comm)->job_store = std::move(job);
+  co_return comm;
+}
+
+template <backend Backend>
+asio::awaitable<communicator<Backend>> grow_op(communicator<Backend> comm,
+                                               init_options<Backend> o) {
+  const auto& rt = elastic_access<Backend>::runtime(comm);
+  std::shared_ptr<store> job = rt->job_store ? rt->job_store : rt->rendezvous_store;
+  std::vector<std::int64_t> decision{0, comm.size()};
+  if (comm.rank() == 0) decision = co_await admit_joiners(job, comm.size());
+  // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
+  op_options bo{.timeout = o.timeout};
+  co_await comm.broadcast(decision, 0, bo, use_awaitable_of<Backend>);
+  if (decision[0] == 0) co_return comm;
+  co_return co_await meet_generation<Backend>(std::move(job), decision[0], comm.rank(),
+                                              static_cast<int>(decision[1]), std::move(o),
+                                              rt->thread);
+}
+
+template <backend Backend>
+asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_options<Backend> o,
+                                               std::shared_ptr<io_thread> thread) {
+  error_context where{.operation = "join", .address = job->address()};
+  std::exception_ptr failure;
+  try {
+    const std::int64_t ticket = co_await job->add(elastic_tickets_key, 1);
+    const std::string key = admission_key(ticket);
+    std::string text;
+    try {
+      text = co_await job->get(key, o.timeout);
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+      throw_error(errc::timeout, {.operation = "join",
+                                  .key = key,
+                                  .address = job->address(),
+                                  .detail = "no member's grow() admitted this joiner (ticket " +
+                                            std::to_string(ticket) + ") by the deadline"});
+    }
+    const admission a = decode_admission(text, key);
+    co_return co_await meet_generation<Backend>(std::move(job), a.generation, a.rank, a.world,
+                                                std::move(o), std::move(thread));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::rethrow_exception(as_dcomm_error(failure, std::move(where)));
+}
+
+// A client of the job's store named by an init_method, env:// or tcp://
+// (a server of its own: DCOMM_STORE_SERVED): a joiner has no rank yet and
+// hosts nothing.
+template <class Backend>
+std::shared_ptr<store> joiners_store(asio::any_io_executor ex, const init_options<Backend>& o) {
+  const env_lookup env = o.env ? *o.env : process_environment();
+  const init_spec spec = parse_init_method(o.init_method.str(), 0, 1, env);
+  if (spec.kind == init_kind::file)
+    throw_error(errc::invalid_argument,
+                {.operation = "join",
+                 .expected = "env:// or tcp://host:port",
+                 .seen = spec.url,
+                 .detail = "a joiner reaches the job's store over TCP (a file store has no "
+                           "server to outlive the ranks)"});
+  return tcp_store::create(std::move(ex), {.host = spec.host,
+                                           .port = spec.port,
+                                           .timeout = o.timeout,
+                                           .job_token = o.job_token.str()});
+}
+
+}  // namespace detail
+
+// Admits the processes waiting in join() (every member of comm calls it,
+// as a collective): the communicator of the members and the joiners, the
+// members ranked as in comm, the joiners after them in the order they
+// came; comm itself when nobody waits. `o` makes the new world as
+// init_process_group's options do (its init_method and rank are not read):
+// its timeout bounds the admission and the meeting. The backend needs a
+// store: comm's world met through one (init_process_group over a store,
+// or an init_method).
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto grow(const communicator<Backend>& comm, init_options<Backend> o, Token&& token = {}) {
+  const auto& rt = detail::elastic_access<Backend>::runtime(comm);
+  if (!rt || !(rt->job_store || rt->rendezvous_store))
+    throw_error(errc::invalid_argument,
+                {.operation = "grow",
+                 .detail = "the communicator met through no store (joiners come through one)"});
+  asio::any_io_executor ex = detail::serial_executor(
+      rt->thread ? rt->thread->get_executor() : detail::underlying_executor(comm.get_executor()));
+  if (rt->thread) rt->thread->drive().hand_back();
+  const auto limit = o.timeout * 3 + detail::blocking_grace;
+  return detail::initiate(ex, detail::grow_op<Backend>(comm, std::move(o)),
+                          std::forward<Token>(token), "grow", limit);
+}
+
+// Joins a running job through its store: waits (up to o.timeout) until a
+// member's grow() admits this process, then meets the members; returns the
+// new world's communicator, this process ranked after the members. The
+// backend runs on a strand of `executor`, as init_process_group's. Some
+// thread must run `executor` and the store's (dcomm::blocking waits for
+// them, as every blocking call on a caller's executor does).
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto join(asio::any_io_executor executor, std::shared_ptr<store> job, init_options<Backend> o,
+          Token&& token = {}) {
+  if (!job) throw_error(errc::invalid_argument, {.operation = "join", .detail = "no store"});
+  asio::any_io_executor strand = detail::serial_executor(executor);
+  const auto limit = o.timeout * 3 + detail::blocking_grace;
+  return detail::initiate(strand, detail::join_op<Backend>(std::move(job), std::move(o), nullptr),
+                          std::forward<Token>(token), "join", limit);
+}
+
+// The same through o.init_method's store: env:// (MASTER_ADDR and
+// MASTER_PORT) or tcp://host:port, served by a process of its own
+// (dcomm-store; DCOMM_STORE_SERVED=1 for the members' env://).
+template <backend Backend, completion_token_for<communicator<Backend>> Token = default_token_t>
+auto join(asio::any_io_executor executor, init_options<Backend> o, Token&& token = {}) {
+  auto job = detail::joiners_store(executor, o);
+  return join<Backend>(std::move(executor), std::move(job), std::move(o),
+                       std::forward<Token>(token));
+}
+
+// The blocking form for plain code: the backend and the store's client get
+// an io thread of their own.
+template <backend Backend>
+communicator<Backend> join(init_options<Backend> o) {
+  auto thread = std::make_shared<detail::io_thread>();
+  auto job = detail::joiners_store(thread->get_executor(), o);
+  const auto limit = o.timeout * 3 + detail::blocking_grace;
+  return detail::initiate(thread->get_executor(),
+                          detail::join_op<Backend>(std::move(job), std::move(o), thread), blocking,
+                          "join", limit);
+}
+
+}  // namespace dcomm
