@@ -11,6 +11,7 @@
 //   elastic_bench --world 8 --rounds 20
 //   elastic_bench --world 8 --hosts 2          # shared memory inside, TCP across
 //   elastic_bench --world 4 --transport tcp
+//   elastic_bench --world 2 --heal 100M         # heal(): rank 0's state to the others
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <new>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "../tests/support/listening_socket.hpp"
 #include "dcomm/command_line.hpp"
 #include "dcomm/cpu_backend.hpp"
+#include "dcomm/elastic/heal.hpp"
 #include "dcomm/init_process_group.hpp"
 
 namespace {
@@ -41,7 +44,8 @@ struct settings {
   std::string transport;  // cpu_backend::options::transport; empty: the backend's
   int rounds = 10;
   std::size_t bytes = 4;
-  int warmup = 20;  // all_reduces before the kill
+  int warmup = 20;             // all_reduces before the kill
+  std::size_t heal_bytes = 0;  // > 0: time heal() of this much state instead
 };
 
 constexpr int max_world = 64;
@@ -154,13 +158,71 @@ int run(const settings& s) {
   }
   ::munmap(shared, sizeof(round_record));
   const auto c = of(caught), sh = of(shrunk), n = of(next);
-  const std::string links =
-      s.hosts > 0 ? std::to_string(s.hosts) + " hosts" : s.transport.empty() ? "auto" : s.transport;
+  const std::string links = s.hosts > 0           ? std::to_string(s.hosts) + " hosts"
+                            : s.transport.empty() ? "auto"
+                                                  : s.transport;
   std::printf("%6d %10s %10zu %7zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s.world, links.c_str(),
               s.bytes, caught.size(), c.median, c.largest, sh.median, sh.largest, n.median,
               n.largest);
   if (failed_rounds > 0) std::fprintf(stderr, "elastic_bench: %d round(s) failed\n", failed_rounds);
   return failed_rounds > 0 ? 1 : 0;
+}
+
+// heal(): rank 0 at step 1 with a pattern, the others at step 0 with zeros;
+// the slowest rank's time, from a barrier's end to heal's.
+int run_heal(const settings& s) {
+  void* shared = ::mmap(nullptr, sizeof(round_record), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    std::perror("elastic_bench: mmap");
+    return 1;
+  }
+  auto* record = static_cast<round_record*>(shared);
+  std::vector<double> ms;
+  for (int round = 0; round < s.rounds; ++round) {
+    new (record) round_record{};
+    dcomm::test::listening_socket master;
+    auto results = dcomm::test::fork_world(s.world, 120s, [&](int rank) -> int {
+      dcomm::test::set_rank_environment(master, rank, s.world);
+      dcomm::init_options<dcomm::cpu_backend> o{.timeout = 60s};
+      o.backend.bind_host = "127.0.0.1";
+      if (!s.transport.empty()) o.backend.transport = s.transport;
+      if (s.hosts > 0) o.backend.host_id = "bench-host-" + std::to_string(rank * s.hosts / s.world);
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+      std::vector<std::uint8_t> model(s.heal_bytes, 0);
+      if (rank == 0)
+        for (std::size_t i = 0; i < model.size(); ++i) model[i] = static_cast<std::uint8_t>(i * 7);
+      std::vector<std::span<std::uint8_t>> state{dcomm::bytes_of(model)};
+      c.barrier(dcomm::blocking);
+      const std::int64_t start = now_ns();
+      const auto h = dcomm::heal(c, rank == 0 ? 1 : 0, state, dcomm::blocking);
+      record->next_ns[rank] = now_ns() - start;
+      const bool ok =
+          h.source == 0 && model.back() == static_cast<std::uint8_t>((model.size() - 1) * 7);
+      return ok ? 0 : 2;
+    });
+    std::int64_t slowest = 0;
+    bool ok = true;
+    for (int r = 0; r < s.world; ++r) {
+      ok = ok && results[static_cast<std::size_t>(r)].ok();
+      slowest = std::max(slowest, record->next_ns[r]);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "elastic_bench: heal round %d: %s\n", round,
+                   dcomm::test::describe(results).c_str());
+      ::munmap(shared, sizeof(round_record));
+      return 1;
+    }
+    ms.push_back(static_cast<double>(slowest) / 1e6);
+  }
+  ::munmap(shared, sizeof(round_record));
+  const auto t = of(ms);
+  const std::string links = s.hosts > 0           ? std::to_string(s.hosts) + " hosts"
+                            : s.transport.empty() ? "auto"
+                                                  : s.transport;
+  std::printf("%6d %10s %12zu %7zu %9.2f %9.2f %8.2f\n", s.world, links.c_str(), s.heal_bytes,
+              ms.size(), t.median, t.largest, static_cast<double>(s.heal_bytes) / (t.median * 1e6));
+  return 0;
 }
 
 }  // namespace
@@ -180,12 +242,23 @@ int main(int argc, char** argv) {
   cl.option("rounds", s.rounds, "N", "kills, each in a fresh world; 10").at_least(1);
   cl.bytes("bytes", s.bytes, "B", "each all_reduce's size; 4");
   cl.option("warmup", s.warmup, "N", "all_reduces before the kill; 20").at_least(0);
+  cl.bytes("heal", s.heal_bytes, "B",
+           "time heal() instead: rank 0 ahead, the others get its B bytes of state");
   cl.parse(argc, argv);
-  std::printf("# elastic_bench: ms from the kill to the slowest survivor's: error, shrink's "
-              "return, next all_reduce's end\n");
-  std::printf("# %4s %10s %10s %7s %19s %19s %19s\n", "world", "links", "bytes", "rounds",
-              "error (med, max)", "shrunk (med, max)", "next (med, max)");
   try {
+    if (s.heal_bytes > 0) {
+      std::printf(
+          "# elastic_bench --heal: ms of heal() of rank 0's state to the others (digest "
+          "on every rank included), slowest rank; GB/s: bytes / median\n");
+      std::printf("# %4s %10s %12s %7s %19s %8s\n", "world", "links", "bytes", "rounds",
+                  "heal (med, max)", "GB/s");
+      return run_heal(s);
+    }
+    std::printf(
+        "# elastic_bench: ms from the kill to the slowest survivor's: error, shrink's "
+        "return, next all_reduce's end\n");
+    std::printf("# %4s %10s %10s %7s %19s %19s %19s\n", "world", "links", "bytes", "rounds",
+                "error (med, max)", "shrunk (med, max)", "next (med, max)");
     return run(s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "elastic_bench: %s\n", e.what());

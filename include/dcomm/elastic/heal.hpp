@@ -7,9 +7,10 @@
 //   dcomm::heal_result r = co_await dcomm::heal(comm, step, state);   // every member
 //   step = r.step;   // the source's; r.healed: the members whose state was replaced
 //
-// What happens: every member says its step, its buffers' sizes and a digest
-// of their bytes (zlib's crc32, chained over the buffers), in one
-// all_gather. The source is the lowest rank of the largest step.
+// What happens: every member says its step and its buffers' sizes, in one
+// all_gather; the source is the lowest rank of the largest step. Where
+// several members have that step, they say a digest of their bytes too
+// (zlib's crc32, chained over the buffers), in a second all_gather.
 // The members whose step or digest differs from the source's get its bytes:
 // a broadcast per buffer in the group of the source and them (shared memory
 // or the network, the backend's best algorithm for the size). Buffers whose
@@ -69,10 +70,11 @@ inline std::uint32_t state_digest(std::span<const std::span<std::uint8_t>> state
   return static_cast<std::uint32_t>(crc);
 }
 
-// What a member says of itself: step, digest, then each buffer's size.
+// What a member says of itself: step, digest (0 until known), then each
+// buffer's size.
 inline std::vector<std::int64_t> heal_claim(std::int64_t step,
                                             std::span<const std::span<std::uint8_t>> state) {
-  std::vector<std::int64_t> claim{step, static_cast<std::int64_t>(state_digest(state))};
+  std::vector<std::int64_t> claim{step, 0};
   for (const auto& b : state) claim.push_back(static_cast<std::int64_t>(b.size()));
   return claim;
 }
@@ -90,10 +92,14 @@ inline heal_result plan_heal(const std::vector<std::vector<std::int64_t>>& claim
   for (std::size_t r = 0; r < claims.size(); ++r) {
     const auto& c = claims[r];
     if (!std::equal(c.begin() + 2, c.end(), source.begin() + 2, source.end())) {
+      // Appended piece by piece: g++ 12 -O2 warns falsely (-Wrestrict) on
+      // a literal added to a temporary string here.
       auto sizes = [](const std::vector<std::int64_t>& v) {
-        std::string s = std::to_string(v.size() - 2) + " buffers of";
-        for (std::size_t i = 2; i < v.size(); ++i) s += " " + std::to_string(v[i]);
-        return s + " bytes";
+        std::string s = std::to_string(v.size() - 2);
+        s.append(" buffers of");
+        for (std::size_t i = 2; i < v.size(); ++i) s.append(" ").append(std::to_string(v[i]));
+        s.append(" bytes");
+        return s;
       };
       throw_error(errc::mismatch, {.operation = "heal",
                                    .rank = rank,
@@ -110,9 +116,19 @@ inline heal_result plan_heal(const std::vector<std::vector<std::int64_t>>& claim
 template <backend Backend>
 asio::awaitable<heal_result> heal_op(communicator<Backend> comm, std::int64_t step,
                                      std::span<const std::span<std::uint8_t>> state, op_options o) {
-  const auto claims =
-      co_await comm.all_gather_object(heal_claim(step, state), o, asio::use_awaitable);
+  auto claims = co_await comm.all_gather_object(heal_claim(step, state), o, asio::use_awaitable);
   heal_result plan = plan_heal(claims, comm.rank());
+  // Where several members lead, their bits decide too: they alone digest
+  // theirs (a member behind gets the source's bytes whatever it holds).
+  const auto leaders =
+      std::count_if(claims.begin(), claims.end(), [&](const auto& c) { return c[0] == plan.step; });
+  if (leaders > 1) {
+    const std::int64_t digest =
+        step == plan.step ? static_cast<std::int64_t>(state_digest(state)) : 0;
+    const auto digests = co_await comm.all_gather_object(digest, o, asio::use_awaitable);
+    for (std::size_t r = 0; r < claims.size(); ++r) claims[r][1] = digests[r];
+    plan = plan_heal(claims, comm.rank());
+  }
   if (plan.healed.empty()) co_return plan;
   std::vector<int> members = plan.healed;
   members.push_back(plan.source);
