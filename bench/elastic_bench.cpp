@@ -18,12 +18,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <new>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -58,6 +60,21 @@ struct round_record {
   std::int64_t next_ns[max_world];
 };
 
+// A round's record, in memory the forked ranks share (mapped before the
+// fork): every rank writes its own slots.
+struct shared_record {
+  round_record* record = nullptr;
+  shared_record() {
+    void* p = ::mmap(nullptr, sizeof(round_record), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap");
+    record = static_cast<round_record*>(p);
+  }
+  ~shared_record() { ::munmap(record, sizeof(round_record)); }
+  shared_record(const shared_record&) = delete;
+  shared_record& operator=(const shared_record&) = delete;
+};
+
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -68,15 +85,27 @@ bool lost(const dcomm::error& e) {
   return e.code() == dcomm::errc::peer_lost || e.code() == dcomm::errc::revoked;
 }
 
-// One rank of a round: `victim` kills itself in its all_reduce number
-// s.warmup; the others return 0 once they have all_reduced after shrinking.
-int run_rank(const settings& s, int rank, int victim, round_record& record) {
-  dcomm::init_options<dcomm::cpu_backend> o{.timeout = 20s};
+// Rank `rank`'s start-up: loopback, the links and hosts asked for.
+dcomm::init_options<dcomm::cpu_backend> rank_options(const settings& s, int rank,
+                                                     std::chrono::milliseconds timeout) {
+  dcomm::init_options<dcomm::cpu_backend> o{.timeout = timeout};
   o.backend.bind_host = "127.0.0.1";
   o.backend.revoke_on_failure = true;
   if (!s.transport.empty()) o.backend.transport = s.transport;
   if (s.hosts > 0) o.backend.host_id = "bench-host-" + std::to_string(rank * s.hosts / s.world);
-  auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+  return o;
+}
+
+// The "links" column.
+std::string links_of(const settings& s) {
+  if (s.hosts > 0) return std::to_string(s.hosts) + " hosts";
+  return s.transport.empty() ? "auto" : s.transport;
+}
+
+// One rank of a round: `victim` kills itself in its all_reduce number
+// s.warmup; the others return 0 once they have all_reduced after shrinking.
+int run_rank(const settings& s, int rank, int victim, round_record& record) {
+  auto c = dcomm::init_process_group<dcomm::cpu_backend>(rank_options(s, rank, 20s));
   std::vector<float> v(std::max<std::size_t>(1, s.bytes / sizeof(float)), 1.0f);
   for (int step = 0;; ++step) {
     if (rank == victim && step == s.warmup) {
@@ -114,14 +143,8 @@ spread of(std::vector<double> ms) {
 }
 
 int run(const settings& s) {
-  // MAP_SHARED before the fork: every rank writes its own slots.
-  void* shared = ::mmap(nullptr, sizeof(round_record), PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) {
-    std::perror("elastic_bench: mmap");
-    return 1;
-  }
-  auto* record = static_cast<round_record*>(shared);
+  shared_record shared;
+  round_record* record = shared.record;
   std::vector<double> caught, shrunk, next;
   int failed_rounds = 0;
   for (int round = 0; round < s.rounds; ++round) {
@@ -156,11 +179,8 @@ int run(const settings& s) {
     shrunk.push_back((static_cast<double>(last_shrunk) - killed) / 1e6);
     next.push_back((static_cast<double>(last_next) - killed) / 1e6);
   }
-  ::munmap(shared, sizeof(round_record));
   const auto c = of(caught), sh = of(shrunk), n = of(next);
-  const std::string links = s.hosts > 0           ? std::to_string(s.hosts) + " hosts"
-                            : s.transport.empty() ? "auto"
-                                                  : s.transport;
+  const std::string links = links_of(s);
   std::printf("%6d %10s %10zu %7zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s.world, links.c_str(),
               s.bytes, caught.size(), c.median, c.largest, sh.median, sh.largest, n.median,
               n.largest);
@@ -171,24 +191,15 @@ int run(const settings& s) {
 // heal(): rank 0 at step 1 with a pattern, the others at step 0 with zeros;
 // the slowest rank's time, from a barrier's end to heal's.
 int run_heal(const settings& s) {
-  void* shared = ::mmap(nullptr, sizeof(round_record), PROT_READ | PROT_WRITE,
-                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) {
-    std::perror("elastic_bench: mmap");
-    return 1;
-  }
-  auto* record = static_cast<round_record*>(shared);
+  shared_record shared;
+  round_record* record = shared.record;
   std::vector<double> ms;
   for (int round = 0; round < s.rounds; ++round) {
     new (record) round_record{};
     dcomm::test::listening_socket master;
     auto results = dcomm::test::fork_world(s.world, 120s, [&](int rank) -> int {
       dcomm::test::set_rank_environment(master, rank, s.world);
-      dcomm::init_options<dcomm::cpu_backend> o{.timeout = 60s};
-      o.backend.bind_host = "127.0.0.1";
-      if (!s.transport.empty()) o.backend.transport = s.transport;
-      if (s.hosts > 0) o.backend.host_id = "bench-host-" + std::to_string(rank * s.hosts / s.world);
-      auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+      auto c = dcomm::init_process_group<dcomm::cpu_backend>(rank_options(s, rank, 60s));
       std::vector<std::uint8_t> model(s.heal_bytes, 0);
       if (rank == 0)
         for (std::size_t i = 0; i < model.size(); ++i) model[i] = static_cast<std::uint8_t>(i * 7);
@@ -210,16 +221,12 @@ int run_heal(const settings& s) {
     if (!ok) {
       std::fprintf(stderr, "elastic_bench: heal round %d: %s\n", round,
                    dcomm::test::describe(results).c_str());
-      ::munmap(shared, sizeof(round_record));
       return 1;
     }
     ms.push_back(static_cast<double>(slowest) / 1e6);
   }
-  ::munmap(shared, sizeof(round_record));
   const auto t = of(ms);
-  const std::string links = s.hosts > 0           ? std::to_string(s.hosts) + " hosts"
-                            : s.transport.empty() ? "auto"
-                                                  : s.transport;
+  const std::string links = links_of(s);
   std::printf("%6d %10s %12zu %7zu %9.2f %9.2f %8.2f\n", s.world, links.c_str(), s.heal_bytes,
               ms.size(), t.median, t.largest, static_cast<double>(s.heal_bytes) / (t.median * 1e6));
   return 0;

@@ -127,8 +127,7 @@ class communicator {
     return agree(flag, op_options{}, std::forward<Token>(token));
   }
   template <completion_token_for<agreement> Token = default_token_t>
-  auto agree(bool flag, op_options o, Token&& token = {}) const
-      requires agreeing_backend<Backend> {
+  auto agree(bool flag, op_options o, Token&& token = {}) const requires agreeing_backend<Backend> {
     return ops().agree(flag, o, std::forward<Token>(token));
   }
 

@@ -192,10 +192,9 @@ std::shared_ptr<store> joiners_store(asio::any_io_executor ex, const init_option
                  .seen = spec.url,
                  .detail = "a joiner reaches the job's store over TCP (a file store has no "
                            "server to outlive the ranks)"});
-  return tcp_store::create(std::move(ex), {.host = spec.host,
-                                           .port = spec.port,
-                                           .timeout = o.timeout,
-                                           .job_token = o.job_token.str()});
+  return tcp_store::create(
+      std::move(ex),
+      {.host = spec.host, .port = spec.port, .timeout = o.timeout, .job_token = o.job_token.str()});
 }
 
 }  // namespace detail
