@@ -29,6 +29,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,7 +74,6 @@ inline std::string encode(const admission& a) {
 }
 
 inline admission decode_admission(const std::string& text, const std::string& key) {
-  admission a;
   long long g = 0;
   int rank = 0, world = 0;
   if (std::sscanf(text.c_str(), "%lld %d %d", &g, &rank, &world) != 3 || g < 1 || rank < 0 ||
@@ -81,10 +82,7 @@ inline admission decode_admission(const std::string& text, const std::string& ke
                                        .key = key,
                                        .seen = "'" + text + "'",
                                        .detail = "an admission reads 'generation rank world'"});
-  a.generation = g;
-  a.rank = rank;
-  a.world = world;
-  return a;
+  return {.generation = g, .rank = rank, .world = world};
 }
 
 // The communicator's runtime, for grow (communicator.hpp befriends it).
