@@ -31,6 +31,14 @@
 // was doing; up to 2 s for their files), then the stop; once all have ended,
 // dcomm-run prints dcomm-trace's verdict over the dumps.
 //
+// --elastic (docs/elastic.md) keeps the job through failures: node 0's
+// dcomm-store (beside dcomm-run) serves the job's store, so it outlives
+// every rank (DCOMM_STORE_SERVED=1), and a rank that fails has its slot
+// restarted, the new process told to join the running job (DCOMM_JOINING=1,
+// TORCHELASTIC_RESTART_COUNT), up to --max-restarts times while at least
+// --min-ranks of this node's ranks run (run/restarts.hpp); then the job
+// ends as above. A summary of the failures ends dcomm-run's output.
+//
 // --timeline PATH sets DCOMM_TRACE for the ranks (each writes its calls as
 // Chrome trace events when its communicator closes); once the job has
 // ended, dcomm-trace merges this node's ranks' files into PATH.
@@ -64,109 +72,24 @@
 #include "run/error_files.hpp"
 #include "run/folders.hpp"
 #include "run/options.hpp"
+#include "run/output.hpp"
+#include "run/restarts.hpp"
+#include "run/signals.hpp"
+#include "run/store_process.hpp"
+#include "run/trace_tool.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+using dcomm_run::deaths;
+using dcomm_run::have_trace_tool;
+using dcomm_run::monotonic_ns;
 using dcomm_run::options;
-
-// A stream of one rank (stdout or stderr), cut into lines.
-struct stream {
-  int fd = -1;
-  int out = 1;    // where its lines go, with their prefix (-1: nowhere: --redirects)
-  int file = -1;  // and as they are (--tee, --redirects; -1: no file)
-  std::string partial;
-};
-
-// What dcomm-run keeps of a rank besides its process: the global rank for
-// the prefix, and its stdout and stderr (fd -1: not piped, or closed).
-struct rank_output {
-  int rank = 0;
-  stream streams[2];
-};
-
-volatile std::sig_atomic_t received_signal = 0;
-void on_signal(int sig) {
-  received_signal = sig;
-}
-
-// When each rank was first seen dead, stamped in the SIGCHLD handler: the
-// order in which ranks failed, even when the loop reaps several in one
-// pass (a rank that died, and a survivor that exited on the lost peer a
-// millisecond later). SIGCHLD also cuts the loop's poll short.
-struct death_stamps {
-  static constexpr std::size_t max_ranks = dcomm_run::max_local_ranks;
-  std::atomic<pid_t> pid[max_ranks] = {};
-  std::atomic<std::int64_t> ns[max_ranks] = {};  // 0: not seen dead
-  std::atomic<std::size_t> count{0};
-};
-death_stamps deaths;
-
-std::int64_t monotonic_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
-}
-
-void on_child_ended(int) {
-  const int saved = errno;  // waitid may change it under the interrupted code
-  const std::size_t n = deaths.count.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < n; ++i) {
-    const pid_t pid = deaths.pid[i].load(std::memory_order_relaxed);
-    if (pid <= 0 || deaths.ns[i].load(std::memory_order_relaxed) != 0) continue;
-    siginfo_t info{};
-    // WNOWAIT: seen, not reaped (the loop reaps it).
-    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == pid)
-      deaths.ns[i].store(monotonic_ns(), std::memory_order_relaxed);
-  }
-  errno = saved;
-}
-
-void write_all(int fd, const std::string& s) {
-  std::size_t at = 0;
-  while (at < s.size()) {
-    ssize_t n = ::write(fd, s.data() + at, s.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    at += static_cast<std::size_t>(n);
-  }
-}
-
-// Reads what is there; writes out complete lines, each with its prefix, and
-// as they are to the stream's file. Returns false at end of file.
-bool pump(stream& s, const std::string& prefix) {
-  char buffer[65536];
-  ssize_t n = ::read(s.fd, buffer, sizeof buffer);
-  if (n < 0) return errno == EINTR || errno == EAGAIN;
-  if (n == 0) {
-    if (!s.partial.empty()) {
-      if (s.out >= 0) write_all(s.out, prefix + s.partial + "\n");
-      if (s.file >= 0) write_all(s.file, s.partial + "\n");
-    }
-    s.partial.clear();
-    return false;
-  }
-  s.partial.append(buffer, static_cast<std::size_t>(n));
-  std::string lines;
-  std::size_t start = 0;
-  for (std::size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
-    lines += prefix + s.partial.substr(start, nl + 1 - start);
-  if (s.file >= 0 && start > 0) write_all(s.file, s.partial.substr(0, start));
-  s.partial.erase(0, start);
-  if (!lines.empty() && s.out >= 0) write_all(s.out, lines);
-  return true;
-}
-
-// A program installed (or built) in dcomm-run's own folder.
-std::string beside_this_program(const std::string& name) {
-  char path[4096] = {};
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  std::string self(path, n > 0 ? static_cast<std::size_t>(n) : 0);
-  const auto slash = self.rfind('/');
-  return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
-}
+using dcomm_run::rank_output;
+using dcomm_run::received_signal;
+using dcomm_run::run_trace_tool;
+using dcomm_run::stream;
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -187,23 +110,6 @@ std::optional<std::string> job_token_for(const options& o) {
   return token;
 }
 
-// SIGINT and SIGTERM are only noted here (received_signal); the job's loop
-// passes them on. SIGPIPE is ignored: a closed stdout must not kill the
-// launcher while its ranks run (they get the default back, fork_child).
-void pass_signals_to_ranks() {
-  struct sigaction action {};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-  struct sigaction child {};
-  child.sa_handler = on_child_ended;
-  sigemptyset(&child.sa_mask);
-  child.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  ::sigaction(SIGCHLD, &child, nullptr);
-}
-
 // This node's share of the job: its ranks, their output, and how it ends.
 class job {
  public:
@@ -211,30 +117,35 @@ class job {
       : o_(o),
         ranks_(static_cast<std::size_t>(o.nproc), std::chrono::duration_cast<clock_type::duration>(
                                                       std::chrono::duration<double>(o.grace))),
-        outputs_(static_cast<std::size_t>(o.nproc)) {}
+        outputs_(static_cast<std::size_t>(o.nproc)),
+        policy_(o.max_restarts, o.min_ranks) {}
 
   // Forks and execs the ranks. False, having said why and killed the ranks
   // already started, when pipe() or fork() fails.
   bool start(const std::optional<std::string>& token, const dcomm::launch::master_socket& socket) {
-    std::vector<char*> args;
-    for (const auto& a : o_.command) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
+    for (const auto& a : o_.command) args_.push_back(const_cast<char*>(a.c_str()));
+    args_.push_back(nullptr);
     std::fflush(nullptr);
     deaths.count.store(static_cast<std::size_t>(o_.nproc), std::memory_order_release);
-    const pid_t launcher = ::getpid();  // single-threaded: its thread is the process
+    launcher_ = ::getpid();  // single-threaded: its thread is the process
     errors_.prepare();
+    // --elastic: node 0's dcomm-store serves the job's store, on the socket
+    // picked for the job or on --master-port; the ranks connect to it.
+    if (o_.elastic && o_.node_rank == 0 &&
+        !store_.start(socket.fd, socket.fd >= 0 ? 0 : o_.master_port, token, launcher_))
+      return false;
     for (int local = 0; local < o_.nproc; ++local) {
-      const dcomm::launch::rank_environment environment{
-          .master_addr = o_.master_addr,
-          .master_port = socket.fd >= 0 ? socket.port : o_.master_port,
-          .rank = o_.node_rank * o_.nproc + local,
-          .world_size = o_.nnodes * o_.nproc,
-          .local_rank = local,
-          .local_world_size = o_.nproc,
-          .group_rank = o_.node_rank,
-          .job_token = token,
-          .listen_fd = socket.fd};
-      if (!start_rank(local, environment, args.data(), launcher)) {
+      environments_.push_back({.master_addr = o_.master_addr,
+                               .master_port = socket.fd >= 0 ? socket.port : o_.master_port,
+                               .rank = o_.node_rank * o_.nproc + local,
+                               .world_size = o_.nnodes * o_.nproc,
+                               .local_rank = local,
+                               .local_world_size = o_.nproc,
+                               .group_rank = o_.node_rank,
+                               .job_token = token,
+                               .listen_fd = o_.elastic ? -1 : socket.fd,
+                               .store_served = o_.elastic});
+      if (!start_rank(static_cast<std::size_t>(local))) {
         ranks_.signal(SIGKILL);
         return false;
       }
@@ -246,14 +157,14 @@ class job {
   // Until every rank has ended and its output is forwarded; returns
   // dcomm-run's exit status.
   int run() {
-    const auto started = clock_type::now();
     // Output first, so what a rank printed before failing comes out first.
     while (forward_output()) {
       reap_ranks();
       if (received_signal && !stopping()) pass_on_signal();
       if (o_.timeout > 0 && !stopping() &&
-          clock_type::now() - started > std::chrono::duration<double>(o_.timeout))
+          clock_type::now() - started_ > std::chrono::duration<double>(o_.timeout))
         stop_at_timeout();
+      if (o_.elastic) watch_store();
       if (stop_signal_ && dumps_are_in()) {
         ranks_.stop(stop_signal_);
         stop_signal_ = 0;
@@ -262,13 +173,23 @@ class job {
     }
     if (!o_.trace_dir.empty() && exit_code_ != 0) print_verdict();
     if (!o_.timeline.empty()) merge_timeline();
+    if (o_.elastic) {
+      store_.stop();
+      const std::string ending = exit_code_ == 0
+                                     ? "the job succeeded"
+                                     : "the job ended with status " + std::to_string(exit_code_);
+      std::fputs(policy_.summary(ending).c_str(), stderr);
+    }
     return exit_code_;
   }
 
  private:
-  bool start_rank(int local, const dcomm::launch::rank_environment& environment, char** args,
-                  pid_t launcher) {
-    auto& output = outputs_[static_cast<std::size_t>(local)];
+  // Starts slot `local`'s process with its environment (a restarted one
+  // joins: environments_[local].joining).
+  bool start_rank(std::size_t local) {
+    const auto& environment = environments_[local];
+    char** args = args_.data();
+    auto& output = outputs_[local];
     output.rank = environment.rank;
     int pipes[2][2] = {{-1, -1}, {-1, -1}};
     // Piped when lines get a prefix or go to files (--tee, --redirects).
@@ -280,7 +201,7 @@ class job {
           return false;
         }
     const std::string error_file = errors_.path_for(environment.rank);
-    const pid_t pid = dcomm::launch::fork_child(launcher, {SIGINT, SIGTERM, SIGPIPE}, [&] {
+    const pid_t pid = dcomm::launch::fork_child(launcher_, {SIGINT, SIGTERM, SIGPIPE}, [&] {
       if (piped) {
         ::dup2(pipes[0][1], 1);
         ::dup2(pipes[1][1], 2);
@@ -292,15 +213,16 @@ class job {
         ::setenv(dcomm::trace::error_file_variable, error_file.c_str(), 1);
       ::execvp(args[0], args);
       const int err = errno;
-      write_all(2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
+      dcomm_run::write_all(
+          2, "dcomm-run: cannot run " + o_.command[0] + ": " + std::strerror(err) + "\n");
       ::_exit(127);
     });
     if (pid < 0) {
       std::perror("dcomm-run: fork");
       return false;
     }
-    ranks_[static_cast<std::size_t>(local)].pid = pid;
-    note_started(local, pid);
+    ranks_[local] = dcomm::launch::child_process{.pid = pid};
+    deaths.watch(local, pid);  // the SIGCHLD handler watches it from now on
     if (piped) {
       for (int s = 0; s < 2; ++s) {
         ::close(pipes[s][1]);
@@ -308,7 +230,8 @@ class job {
         st.fd = pipes[s][0];
         const int bit = 1 << s;  // 1: stdout, 2: stderr
         st.out = (o_.redirects & bit) ? -1 : s + 1;
-        if ((o_.tee | o_.redirects) & bit) st.file = open_log(environment.rank, s);
+        if ((o_.tee | o_.redirects) & bit)
+          st.file = open_log(environment.rank, s, environment.joining);
         ::fcntl(st.fd, F_SETFL, O_NONBLOCK);
       }
     }
@@ -316,12 +239,14 @@ class job {
   }
 
   // DIR/<rank>/stdout.log or stderr.log (-1, having said why, where it
-  // cannot be made: the output still goes where it can).
-  int open_log(int rank, int s) const {
+  // cannot be made: the output still goes where it can); a restarted
+  // rank's process appends to its slot's.
+  int open_log(int rank, int s, bool append) const {
     const std::string dir = o_.log_dir + "/" + std::to_string(rank);
     ::mkdir(dir.c_str(), 0777);
     const std::string path = dir + (s == 0 ? "/stdout.log" : "/stderr.log");
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    const int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0666);
     if (fd < 0)
       std::fprintf(stderr, "dcomm-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     return fd;
@@ -334,12 +259,13 @@ class job {
   bool forward_output() {
     std::vector<pollfd> fds;
     std::vector<std::pair<stream*, int>> owners;  // stream, rank
-    for (auto& output : outputs_)
-      for (auto& s : output.streams)
-        if (s.fd >= 0) {
-          fds.push_back({s.fd, POLLIN, 0});
-          owners.emplace_back(&s, output.rank);
-        }
+    for (auto* outputs : {&outputs_, &retired_})
+      for (auto& output : *outputs)
+        for (auto& s : output.streams)
+          if (s.fd >= 0) {
+            fds.push_back({s.fd, POLLIN, 0});
+            owners.emplace_back(&s, output.rank);
+          }
     const bool running = ranks_.running() > 0;
     if (!running && fds.empty()) return false;
     if (fds.empty()) {
@@ -354,13 +280,9 @@ class job {
       // operator+ chain, a false positive (GCC bug 105651).
       std::string prefix;
       if (o_.prefix) prefix.append("[").append(std::to_string(owners[i].second)).append("] ");
-      if (!pump(*s, prefix)) {
-        ::close(s->fd);
-        s->fd = -1;
-        if (s->file >= 0) ::close(s->file);
-        s->file = -1;
-      }
+      if (!dcomm_run::pump(*s, prefix)) s->close();
     }
+    std::erase_if(retired_, [](const rank_output& r) { return !r.open(); });
     if (!running) {
       if (!drain_until_) drain_until_ = clock_type::now() + std::chrono::seconds(1);
       if (clock_type::now() > *drain_until_) return false;
@@ -384,6 +306,7 @@ class job {
   void report_end(std::size_t local, const dcomm::launch::child_process& r) {
     const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
     if (ok || failed_ || received_signal) return;
+    if (o_.elastic) return restart_or_end(local, r);
     failed_ = true;
     const std::size_t first = culprit(local);
     const auto& f = ranks_[first];
@@ -444,9 +367,80 @@ class job {
     return local;
   }
 
-  // The SIGCHLD handler watches this rank from now on.
-  static void note_started(int local, pid_t pid) {
-    deaths.pid[static_cast<std::size_t>(local)].store(pid, std::memory_order_relaxed);
+  // --elastic: a failed rank's slot is restarted (the new process joins the
+  // job) while restart_policy allows; otherwise the job ends with that
+  // rank's status. The survivors are the program's to keep going.
+  void restart_or_end(std::size_t local, const dcomm::launch::child_process& r) {
+    const int rank = outputs_[local].rank;
+    const std::string what =
+        "rank " + std::to_string(rank) + " (pid " + std::to_string(r.pid) + ") " + how_it_ended(r);
+    std::fprintf(stderr, "dcomm-run: %s\n", what.c_str());
+    // A killed rank wrote nothing at its death: what its file holds is
+    // of a failure it came through.
+    const std::string why = WIFEXITED(r.status) ? errors_.message_of(rank) : std::string();
+    if (!why.empty())
+      std::fprintf(stderr, "dcomm-run: rank %d failed with: %s\n", rank, why.c_str());
+    const int survivors = ranks_.running();
+    std::string ending;
+    switch (policy_.decide(survivors)) {
+      case dcomm_run::restart_policy::verdict::restart: {
+        const int n = policy_.restarted();
+        policy_.note(seconds_since_start(), what + "; restarted (" + std::to_string(n) + " of " +
+                                                std::to_string(policy_.max()) + ")");
+        std::fprintf(stderr,
+                     "dcomm-run: restarting rank %d's slot (restart %d of --max-restarts %d): the "
+                     "new process joins the job (DCOMM_JOINING=1)\n",
+                     rank, n, policy_.max());
+        std::fflush(stderr);
+        errors_.forget(rank);
+        // What the old process wrote and is not yet read still comes out.
+        retired_.push_back(outputs_[local]);
+        outputs_[local] = rank_output{};
+        environments_[local].joining = true;
+        environments_[local].restart_count = n;
+        if (start_rank(local)) return;
+        ending = "its restart failed";
+        break;
+      }
+      case dcomm_run::restart_policy::verdict::no_restarts_left:
+        ending = "no restarts left (--max-restarts " + std::to_string(policy_.max()) + ")";
+        break;
+      case dcomm_run::restart_policy::verdict::too_few_ranks:
+        ending = std::to_string(survivors) + " of this node's ranks run, under --min-ranks " +
+                 std::to_string(policy_.min_ranks());
+        break;
+    }
+    policy_.note(seconds_since_start(), what + "; " + ending);
+    failed_ = true;
+    exit_code_ = exit_code_of(r.status);
+    const int running = ranks_.running();
+    std::fprintf(stderr, "dcomm-run: %s: %s\n", ending.c_str(),
+                 running ? ("stopping the other " + std::to_string(running) + " rank(s)").c_str()
+                         : "no other rank is running");
+    if (!why.empty()) dcomm::trace::write_error_file("rank " + std::to_string(rank) + ": " + why);
+    std::fflush(stderr);
+    stop_ranks(SIGTERM);
+  }
+
+  // --elastic: a store that ends while the ranks run ends the job (they
+  // cannot meet without it).
+  void watch_store() {
+    if (failed_ || stopping() || store_.pid() <= 0) return;
+    const auto status = store_.ended();
+    if (!status) return;
+    failed_ = true;
+    exit_code_ = 1;
+    const std::string what = "the job's store (dcomm-store, pid " + std::to_string(store_.pid()) +
+                             ") ended: " + dcomm::launch::describe_status(*status);
+    policy_.note(seconds_since_start(), what);
+    std::fprintf(stderr, "dcomm-run: %s; stopping the %d rank(s)\n", what.c_str(),
+                 ranks_.running());
+    std::fflush(stderr);
+    stop_ranks(SIGTERM);
+  }
+
+  double seconds_since_start() const {
+    return std::chrono::duration<double>(clock_type::now() - started_).count();
   }
 
   bool stopping() const { return stop_signal_ != 0 || ranks_.stopping(); }
@@ -512,31 +506,6 @@ class job {
     run_trace_tool({"--merge-timeline", o_.timeline});
   }
 
-  static bool have_trace_tool() {
-    return ::access(beside_this_program("dcomm-trace").c_str(), X_OK) == 0;
-  }
-
-  // Runs dcomm-trace with `args`, its output to stderr, and waits for it.
-  static void run_trace_tool(std::vector<std::string> args) {
-    const std::string tool = beside_this_program("dcomm-trace");
-    args.insert(args.begin(), tool);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::fflush(stderr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(2, 1);
-      ::execv(tool.c_str(), argv.data());
-      ::_exit(127);
-    }
-    if (pid > 0) {
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-
   void pass_on_signal() {
     std::fprintf(stderr, "dcomm-run: got %s; passing it on to %d rank(s)\n",
                  ::strsignal(received_signal), ranks_.running());
@@ -558,9 +527,16 @@ class job {
   }
 
   const options& o_;
+  const clock_type::time_point started_ = clock_type::now();
+  std::vector<char*> args_;  // PROGRAM ARGS, for execvp
+  pid_t launcher_ = -1;
   dcomm::launch::child_group ranks_;
-  std::vector<rank_output> outputs_;  // by local rank, as ranks_
-  dcomm_run::error_files errors_;     // the ranks' TORCHELASTIC_ERROR_FILEs
+  std::vector<dcomm::launch::rank_environment> environments_;  // by local rank, as ranks_
+  std::vector<rank_output> outputs_;                           // by local rank, as ranks_
+  std::vector<rank_output> retired_;  // of restarted slots' old processes, until read to the end
+  dcomm_run::restart_policy policy_;
+  dcomm_run::store_process store_;  // --elastic, node 0
+  dcomm_run::error_files errors_;   // the ranks' TORCHELASTIC_ERROR_FILEs
   std::optional<clock_type::time_point> drain_until_;
   int exit_code_ = 0;
   bool failed_ = false;
@@ -588,10 +564,10 @@ int main(int argc, char** argv) {
       // The other nodes need to know where node 0 listens.
       if (o.nnodes > 1)
         std::fprintf(stderr,
-                     "dcomm-run: node 0 of %d: rank 0's store listens at %s:%d; start the other "
+                     "dcomm-run: node 0 of %d: %s store listens at %s:%d; start the other "
                      "nodes with --master-addr %s --master-port %d\n",
-                     o.nnodes, o.master_addr.c_str(), socket.port, o.master_addr.c_str(),
-                     socket.port);
+                     o.nnodes, o.elastic ? "the job's" : "rank 0's", o.master_addr.c_str(),
+                     socket.port, o.master_addr.c_str(), socket.port);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dcomm-run: %s\n", e.what());
       return 2;
@@ -599,7 +575,7 @@ int main(int argc, char** argv) {
   }
   if (!dcomm_run::prepare_trace_dir(o)) return 2;
   dcomm_run::prepare_timeline(o);
-  pass_signals_to_ranks();
+  dcomm_run::pass_signals_to_ranks();
   job j(o);
   if (!j.start(token, socket)) return 1;
   return j.run();

@@ -9,7 +9,9 @@
 // DCOMM_JOB_TOKEN where that is set (the ranks must have the same). With
 // --port 0 the system picks a port; the first line on stdout, "dcomm-store:
 // serving on HOST:PORT", says which (--port-file writes the port alone, for
-// scripts). SIGINT and SIGTERM stop it (exit 0).
+// scripts). SIGINT and SIGTERM stop it (exit 0). --listen-fd N adopts a
+// socket already bound and listening (dcomm-run --elastic hands it the one
+// it picked, so the port is never free for another to take meanwhile).
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +23,7 @@
 
 int main(int argc, char** argv) {
   int port = 29400;
+  int listen_fd = -1;
   std::string bind_host, port_file;
   dcomm::command_line cl("dcomm-store",
                          "Serves a job's store (dcomm's tcp store protocol) until SIGINT or "
@@ -31,12 +34,17 @@ int main(int argc, char** argv) {
       .at_most(65535);
   cl.option("bind-host", bind_host, "H", "the address to listen on; every interface");
   cl.option("port-file", port_file, "F", "write the port there once listening");
+  cl.option("listen-fd", listen_fd, "N",
+            "serve on this inherited listening socket instead of binding --port")
+      .at_least(0);
   cl.parse(argc, argv);
   try {
     asio::io_context context{1};
     asio::signal_set stop(context, SIGINT, SIGTERM);
     auto server = dcomm::tcp_store_server::start(
-        context.get_executor(), {.bind_host = bind_host, .port = static_cast<std::uint16_t>(port)});
+        context.get_executor(), {.bind_host = bind_host,
+                                 .port = static_cast<std::uint16_t>(port),
+                                 .listen_fd = listen_fd});
     std::printf("dcomm-store: serving on %s\n", server->address().c_str());
     std::fflush(stdout);
     if (!port_file.empty()) {

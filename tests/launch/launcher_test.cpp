@@ -817,7 +817,13 @@ TEST_SUITE("network interfaces") {
   }
 }
 
+namespace elastic_launcher {
+int as_store_rank();  // elastic_launcher_test.cpp
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--as-elastic-store-rank")
+    return elastic_launcher::as_store_rank();
   if (argc == 2 && std::string(argv[1]) == "--as-rank") return as_rank();
   if (argc == 3 && std::string(argv[1]) == "--as-trace-rank") return as_trace_rank(argv[2]);
   if (argc == 2 && std::string(argv[1]) == "--as-failing-rank") return as_failing_rank();

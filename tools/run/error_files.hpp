@@ -81,6 +81,12 @@ class error_files {
     return dir_.empty() ? std::string() : dir_ + "/" + std::to_string(rank) + ".json";
   }
 
+  // Removes what rank `rank` wrote there (its slot's next process writes anew).
+  void forget(int rank) const {
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove(path_for(rank), ignored);
+  }
+
   // What rank `rank` wrote there (empty: nothing).
   std::string message_of(int rank) const {
     if (dir_.empty()) return {};

@@ -31,6 +31,9 @@ struct options {
   std::string log_dir;    // empty: none
   int tee = 0;            // streams also written to log_dir: 1 stdout, 2 stderr, 3 both
   int redirects = 0;      // streams written to log_dir only
+  bool elastic = false;   // serve the store, restart a dead rank's slot (docs/elastic.md)
+  int max_restarts = 3;   // with elastic
+  int min_ranks = 1;      // with elastic: of this node's ranks
   std::vector<std::string> command;
 };
 
@@ -147,6 +150,15 @@ inline void declare(dcomm::command_line& cl, options& o, bool& alone) {
             "for theirs and prints dcomm-trace's verdict");
   cl.option("timeline", o.timeline, "PATH",
             "the ranks write Chrome trace events; merged into PATH");
+  cl.flag("elastic", o.elastic,
+          "keep the job through failures: serve its store (dcomm-store, beside dcomm-run), "
+          "restart a dead rank's slot (DCOMM_JOINING=1: the program joins, docs/elastic.md)");
+  cl.option("max-restarts,max_restarts", o.max_restarts, "N",
+            "with --elastic: restarts of dead ranks' slots before the job ends; 3")
+      .at_least(0);
+  cl.option("min-ranks,min_ranks", o.min_ranks, "M",
+            "with --elastic: the job ends when fewer of this node's ranks run; 1")
+      .at_least(1);
   cl.arguments("PROGRAM", o.command, "the program each rank runs, with its ARGS").required();
 }
 
@@ -179,6 +191,11 @@ inline options parse(int argc, char** argv) {
             std::to_string(std::numeric_limits<int>::max()) + " ranks");
   if (o.nnodes > 1 && o.master_port == 0 && o.node_rank != 0)
     cl.fail("with --nnodes > 1, the other nodes need --master-port (and --master-addr) of node 0");
+  if (!o.elastic && (cl.given("max-restarts") || cl.given("min-ranks")))
+    cl.fail("--max-restarts and --min-ranks apply to --elastic jobs");
+  if (o.elastic && o.min_ranks > o.nproc)
+    cl.fail("--min-ranks " + std::to_string(o.min_ranks) + " is over the " +
+            std::to_string(o.nproc) + " rank(s) of this node");
   if ((o.tee & o.redirects) != 0)
     cl.fail(
         "--tee and --redirects name the same stream: a stream goes to the terminal and its "

@@ -28,6 +28,13 @@ struct rank_environment {
   // (DCOMM_MASTER_LISTEN_FD, kept open across exec); every other rank closes
   // it, so only rank 0's store can accept on it.
   int listen_fd = -1;
+  // DCOMM_STORE_SERVED=1: the store is served by a process of its own (an
+  // elastic launcher's), rank 0 connects to it as the others do.
+  bool store_served = false;
+  // DCOMM_JOINING=1 and TORCHELASTIC_RESTART_COUNT: a restarted rank's
+  // process joins the running job (dcomm::join) instead of starting one.
+  bool joining = false;
+  int restart_count = 0;
 
   // Sets the variables in this process: in the child, after fork and before
   // running or exec'ing the rank.
@@ -48,6 +55,15 @@ struct rank_environment {
     // agent's of a torchrun that started this launcher (rendezvous.hpp
     // would join that one instead).
     ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    auto flag = [&set](const char* name, bool on) {
+      if (on)
+        set(name, "1");
+      else
+        ::unsetenv(name);
+    };
+    flag("DCOMM_STORE_SERVED", store_served);
+    flag("DCOMM_JOINING", joining);
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
     if (rank == 0 && listen_fd >= 0) {
       ::fcntl(listen_fd, F_SETFD, 0);  // a launcher may have made it close-on-exec
       set("DCOMM_MASTER_LISTEN_FD", std::to_string(listen_fd));
