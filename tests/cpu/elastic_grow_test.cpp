@@ -230,6 +230,56 @@ TEST_SUITE("cpu elastic grow") {
     CHECK(results[1].exit_code == 0);
   }
 
+  TEST_CASE("close_joins: a waiting joiner and a later one fail with closed at once") {
+    DCOMM_TEST_DEADLINE(60s);
+    store_process job;
+    auto results = dcomm::test::fork_world(4, 30s, [&](int index) -> int {
+      asio::io_context context{1};
+      return dcomm::sync_wait(context, [&]() -> asio::awaitable<int> {
+        auto s = job.client(context.get_executor());
+        auto o = job_options(index);
+        o.timeout = 20s;  // a joiner that waited it out would fail the checks' 10 s
+        if (index >= 2) {
+          const std::vector<std::string> mark{"closed-by-test"};  // named: g++ 12, co_await
+          if (index == 3)                                         // comes after the close
+            co_await s->wait(mark, 20s, asio::use_awaitable);
+          const auto started = std::chrono::steady_clock::now();
+          try {
+            co_await dcomm::join<dcomm::cpu_backend>(context.get_executor(), s, o,
+                                                     asio::use_awaitable);
+            co_return 2;
+          } catch (const dcomm::error& e) {
+            if (e.code() != dcomm::errc::closed) co_return 3;
+            if (std::string(e.what()).find("close_joins") == std::string::npos) co_return 4;
+          }
+          co_return std::chrono::steady_clock::now() - started < 10s ? 0 : 5;
+        }
+        auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
+            context.get_executor(), s, index, 2, o, asio::use_awaitable);
+        // Until joiner 2 waits (its ticket taken), then closed by rank 0.
+        for (int tries = 0;; ++tries) {
+          if (tries > 4000) co_return 6;
+          if (co_await s->add("dcomm/elastic/tickets", 0, asio::use_awaitable) > 0) break;
+          asio::steady_timer pause(context, 1ms);
+          co_await pause.async_wait(asio::use_awaitable);
+        }
+        std::vector<int> in{1};
+        co_await c.all_reduce(in, dcomm::sum, asio::use_awaitable);  // both saw the ticket
+        if (c.rank() == 0) {
+          co_await dcomm::close_joins(c, asio::use_awaitable);
+          co_await s->set("closed-by-test", "1", asio::use_awaitable);
+        }
+        co_await c.barrier(asio::use_awaitable);
+        // Closed: grow admits nobody, although a ticket waits.
+        auto same = co_await dcomm::grow(c, o, asio::use_awaitable);
+        if (&same.backend() != &c.backend()) co_return 7;
+        co_return co_await check_world(same, 2, index);
+      }());
+    });
+    INFO(dcomm::test::describe(results));
+    for (const auto& r : results) CHECK(r.exit_code == 0);
+  }
+
   // The loop: a rank dies, the survivors revoke and shrink, a
   // replacement joins at their grow(), the world is whole again; cycle
   // after cycle in one job (3; DCOMM_TEST_ELASTIC_CYCLES=20 by hand). A

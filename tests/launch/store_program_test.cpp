@@ -1,7 +1,8 @@
 // dcomm-store (the one meson names in DCOMM_STORE): a job's store in a
 // process of its own. Ranks of env:// with DCOMM_STORE_SERVED=1 meet
 // through it, rank 0 among them as a client; rank 0 dies, the survivors
-// shrink, and a replacement joins through env:// at their grow().
+// shrink, and a replacement joins through env:// at their grow(); a
+// restarted rank whose place the job has not yet claimed takes it.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -128,5 +129,28 @@ TEST_SUITE("store program") {
     CHECK(results[0].signal == SIGKILL);
     for (int i = 1; i <= world; ++i) CHECK(results[static_cast<std::size_t>(i)].exit_code == 0);
     CHECK(server.stop() == 0);
+  }
+
+  TEST_CASE("join with a RANK not yet claimed (the job still starting) takes that place") {
+    DCOMM_TEST_DEADLINE(60s);
+    store_program::store_server server;
+    auto results = dcomm::test::fork_world(3, 40s, [&](int rank) -> int {
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(server.port).c_str(), 1);
+      ::setenv("DCOMM_STORE_SERVED", "1", 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", "3", 1);
+      dcomm::init_options<dcomm::cpu_backend> o{.timeout = 20s};
+      o.backend.bind_host = "127.0.0.1";
+      // Rank 1's slot restarted before its first process reached the
+      // rendezvous: told to join, it meets ranks 0 and 2 as rank 1.
+      auto c = rank == 1 ? dcomm::join<dcomm::cpu_backend>(o)
+                         : dcomm::init_process_group<dcomm::cpu_backend>(o);
+      std::vector<int> sums{1, c.rank()};
+      c.all_reduce(sums, dcomm::sum, dcomm::blocking);
+      return c.rank() == rank && c.size() == 3 && sums[0] == 3 && sums[1] == 3 ? 0 : 2;
+    });
+    INFO(dcomm::test::describe(results));
+    for (const auto& r : results) CHECK(r.exit_code == 0);
   }
 }

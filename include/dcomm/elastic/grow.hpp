@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/init_process_group.hpp"
+#include "dcomm/rendezvous.hpp"
 #include "dcomm/store/prefix_store.hpp"
 #include "dcomm/store/store.hpp"
 #include "dcomm/store/tcp_store.hpp"
@@ -51,6 +53,9 @@ namespace detail {
 inline constexpr const char* elastic_tickets_key = "dcomm/elastic/tickets";
 inline constexpr const char* elastic_admitted_key = "dcomm/elastic/admitted";
 inline constexpr const char* elastic_generation_key = "dcomm/elastic/generation";
+inline constexpr const char* elastic_closed_key = "dcomm/elastic/closed";
+// The admission of a ticket taken before close_joins().
+inline constexpr const char* closed_admission = "closed";
 
 inline std::string admission_key(std::int64_t ticket) {
   return "dcomm/elastic/admit/" + std::to_string(ticket);
@@ -106,6 +111,9 @@ inline asio::any_io_executor underlying_executor(const asio::any_io_executor& ex
 // On the members' rank 0: admits the tickets taken since the last
 // admission. Returns {generation, new size}; {0, n} when nobody waits.
 inline asio::awaitable<std::vector<std::int64_t>> admit_joiners(std::shared_ptr<store> s, int n) {
+  // Named, not braced in the co_await: g++ 12 mishandles such temporaries.
+  const std::vector<std::string> closed{elastic_closed_key};
+  if (co_await s->check(closed)) co_return std::vector<std::int64_t>{0, n};
   const std::int64_t taken = co_await s->add(elastic_tickets_key, 0);
   const std::int64_t admitted = co_await s->add(elastic_admitted_key, 0);
   if (taken <= admitted) co_return std::vector<std::int64_t>{0, n};
@@ -156,6 +164,17 @@ asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_
   try {
     const std::int64_t ticket = co_await job->add(elastic_tickets_key, 1);
     const std::string key = admission_key(ticket);
+    auto closed = [&] {
+      throw_error(errc::closed, {.operation = "join",
+                                 .key = key,
+                                 .address = job->address(),
+                                 .detail = "the job closed its joins (dcomm::close_joins): no "
+                                           "member admits this process"});
+    };
+    // After the ticket: a close_joins() that read the tickets before this
+    // one was taken set the key before it read them.
+    const std::vector<std::string> closed_keys{elastic_closed_key};
+    if (co_await job->check(closed_keys)) closed();
     std::string text;
     try {
       text = co_await job->get(key, o.timeout);
@@ -167,6 +186,7 @@ asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_
                                   .detail = "no member's grow() admitted this joiner (ticket " +
                                             std::to_string(ticket) + ") by the deadline"});
     }
+    if (text == closed_admission) closed();
     const admission a = decode_admission(text, key);
     co_return co_await meet_generation<Backend>(std::move(job), a.generation, a.rank, a.world,
                                                 std::move(o), std::move(thread));
@@ -174,6 +194,16 @@ asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_
     failure = std::current_exception();
   }
   std::rethrow_exception(as_dcomm_error(failure, std::move(where)));
+}
+
+// Marks the job closed, then answers every ticket not yet admitted: each
+// waiting joiner learns it at once, and a later one from the mark.
+inline asio::awaitable<void> close_joins_op(std::shared_ptr<store> job) {
+  co_await job->set(elastic_closed_key, "1");
+  const std::int64_t taken = co_await job->add(elastic_tickets_key, 0);
+  const std::int64_t admitted = co_await job->add(elastic_admitted_key, 0);
+  for (std::int64_t t = admitted + 1; t <= taken; ++t)
+    co_await job->set(admission_key(t), closed_admission);
 }
 
 // A client of the job's store named by an init_method, env:// or tcp://
@@ -220,6 +250,27 @@ auto grow(const communicator<Backend>& comm, init_options<Backend> o, Token&& to
                           std::forward<Token>(token), "grow", limit);
 }
 
+// Closes the job to joiners, for good: the processes waiting in join(), and
+// those that come later, fail with errc::closed, and grow() admits nobody.
+// Not collective: one member calls it (the members' rank 0, once its last
+// grow() has returned), when the job is done, so that replacements still
+// waiting end instead of waiting out their timeout.
+template <backend Backend, completion_token_for Token = default_token_t>
+auto close_joins(const communicator<Backend>& comm, Token&& token = {}) {
+  const auto& rt = detail::elastic_access<Backend>::runtime(comm);
+  if (!rt || !(rt->job_store || rt->rendezvous_store))
+    throw_error(errc::invalid_argument,
+                {.operation = "close_joins",
+                 .detail = "the communicator met through no store (joiners come through one)"});
+  std::shared_ptr<store> job = rt->job_store ? rt->job_store : rt->rendezvous_store;
+  asio::any_io_executor ex = detail::serial_executor(
+      rt->thread ? rt->thread->get_executor() : detail::underlying_executor(comm.get_executor()));
+  if (rt->thread) rt->thread->drive().hand_back();
+  const auto limit = job->timeout() + detail::blocking_grace;
+  return detail::initiate(ex, detail::close_joins_op(std::move(job)), std::forward<Token>(token),
+                          "close_joins", limit);
+}
+
 // Joins a running job through its store: waits (up to o.timeout) until a
 // member's grow() admits this process, then meets the members; returns the
 // new world's communicator, this process ranked after the members. The
@@ -247,11 +298,22 @@ auto join(asio::any_io_executor executor, init_options<Backend> o, Token&& token
 }
 
 // The blocking form for plain code: the backend and the store's client get
-// an io thread of their own.
+// an io thread of their own. A process with a RANK (a launcher's restart of
+// a rank's slot) whose rank has not yet been claimed in the job's first
+// rendezvous (the job is still starting: the slot's first process died
+// before it got there) takes that place instead, as init_process_group.
 template <backend Backend>
 communicator<Backend> join(init_options<Backend> o) {
   auto thread = std::make_shared<detail::io_thread>();
   auto job = detail::joiners_store(thread->get_executor(), o);
+  const env_lookup env = o.env ? *o.env : process_environment();
+  if (const auto rank = env("RANK");
+      rank && o.init_method.str().starts_with("env://") &&
+      job->add(detail::rdzv_key(std::atoi(rank->c_str()), "joins"), 0, blocking) == 0) {
+    job.reset();
+    thread.reset();
+    return init_process_group<Backend>(std::move(o));
+  }
   const auto limit = o.timeout * 3 + detail::blocking_grace;
   return detail::initiate(thread->get_executor(),
                           detail::join_op<Backend>(std::move(job), std::move(o), thread), blocking,
