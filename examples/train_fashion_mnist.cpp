@@ -6,6 +6,9 @@
 //   train_fashion_mnist --world 1                 one rank, same result
 //   mpirun -np 4 train_fashion_mnist --backend mpi   the MPI backend, ranks from mpirun
 //                                                 (where dcomm was built with MPI)
+//   dcomm-run -n 4 --elastic train_fashion_mnist --elastic
+//                                                 trains on through failures:
+//                                                 elastic_training.hpp
 //
 // Each rank reads its share of the training set (distributed_sampler,
 // seeded: the 128 samples of a step are the same whatever the world size),
@@ -23,7 +26,8 @@
 // --seed 1234, --data DIR (/usr/share/datasets/fashion-mnist),
 // --train-limit N (use the first N training images), --average
 // bucketer|per_tensor, --slow-rank R --slow-ms MS (rank R sleeps MS
-// milliseconds per step, as a slow data loader would: a straggler to find).
+// milliseconds per step, as a slow data loader would: a straggler to find),
+// --elastic (--grow-every N: the steps between admissions of replacements; 10).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic_training.hpp"
 #include "fashion_mnist.hpp"
 #include "mlp.hpp"
 
@@ -65,6 +70,8 @@ struct settings {
   bool bucketer = true;
   int slow_rank = -1;
   int slow_ms = 0;
+  bool elastic = false;
+  int grow_every = 10;
 };
 
 // --------------------------------------------------------- training
@@ -248,7 +255,18 @@ settings parse(int argc, char** argv) {
             "it; bucketer");
   cl.option("slow-rank", s.slow_rank, "R", "this rank sleeps --slow-ms per step (a straggler)");
   cl.option("slow-ms", s.slow_ms, "MS", "how long it sleeps; 0").at_least(0);
+  cl.flag("elastic", s.elastic,
+          "train on through failures: shrink, heal, admit replacements (under dcomm-run "
+          "--elastic; docs/elastic.md)");
+  cl.option("grow-every", s.grow_every, "N",
+            "with --elastic: steps between admissions of replacements; 10")
+      .at_least(1);
   cl.parse(argc, argv);
+  if (s.elastic && (s.backend != "cpu" || s.world > 0 || !s.bucketer || s.slow_rank >= 0))
+    cl.fail(
+        "--elastic runs the cpu backend's ranks of a launched job (dcomm-run --elastic), "
+        "averaging with the bucketer; not with --world, --backend mpi, --average "
+        "per_tensor or --slow-rank");
   if (s.backend == "mpi" && s.world > 0)
     cl.fail("--backend mpi takes its ranks from mpirun, not --world");
   return s;
@@ -268,6 +286,7 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--backend mpi: this build has no MPI (meson's mpi feature)");
 #endif
     }
+    if (s.elastic) return elastic_training::train(s);
     if (s.world > 0)
       dcomm::spawn(s.world, [&](int) { return run<dcomm::cpu_backend>(s); });
     else
