@@ -12,8 +12,16 @@
 //   elastic_bench --world 8 --hosts 2          # shared memory inside, TCP across
 //   elastic_bench --world 4 --transport tcp
 //   elastic_bench --world 2 --heal 100M         # heal(): rank 0's state to the others
+//   elastic_bench --world 3 --replace 100M      # a replacement from its exec to training
+//
+// --replace: the job's store in a process of its own (as dcomm-run
+// --elastic serves it); the members all_reduce and grow at every step; a
+// new process (this program, exec'd) joins, is healed B bytes of state
+// and all_reduces with them. A row: ms from the fork before its exec to
+// join's return, to heal's, and to the end of its first all_reduce.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <span>
 #include <string>
@@ -33,8 +42,9 @@
 #include "../tests/support/listening_socket.hpp"
 #include "dcomm/command_line.hpp"
 #include "dcomm/cpu_backend.hpp"
-#include "dcomm/elastic/heal.hpp"
+#include "dcomm/elastic.hpp"
 #include "dcomm/init_process_group.hpp"
+#include "dcomm/store/tcp_store_server.hpp"
 
 namespace {
 
@@ -46,8 +56,9 @@ struct settings {
   std::string transport;  // cpu_backend::options::transport; empty: the backend's
   int rounds = 10;
   std::size_t bytes = 4;
-  int warmup = 20;             // all_reduces before the kill
-  std::size_t heal_bytes = 0;  // > 0: time heal() of this much state instead
+  int warmup = 20;                // all_reduces before the kill
+  std::size_t heal_bytes = 0;     // > 0: time heal() of this much state instead
+  std::size_t replace_bytes = 0;  // > 0: time a replacement's start instead
 };
 
 constexpr int max_world = 64;
@@ -232,9 +243,141 @@ int run_heal(const settings& s) {
   return 0;
 }
 
+// The job's store in a forked process, so that it outlives the ranks.
+struct store_process {
+  dcomm::test::listening_socket socket;
+  pid_t pid = -1;
+  store_process() {
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+    if (pid == 0) {
+      asio::io_context context{1};
+      auto server =
+          dcomm::tcp_store_server::start(context.get_executor(), {.listen_fd = ::dup(socket.fd())});
+      context.run();
+      std::_Exit(0);
+    }
+  }
+  ~store_process() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+void set_served_environment(const store_process& store) {
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(store.socket.port).c_str(), 1);
+  ::setenv("DCOMM_STORE_SERVED", "1", 1);
+}
+
+// The replacement (`elastic_bench --as-replacement B STARTED_NS`, exec'd
+// by a member): join, heal, all_reduce; its times go to the store.
+int run_replacement(std::size_t bytes, std::int64_t started) {
+  ::unsetenv("RANK");
+  settings s;
+  // Its model made first, as a program's would be: the heal fills it.
+  std::vector<std::uint8_t> model(bytes, 0);
+  auto c = dcomm::join<dcomm::cpu_backend>(rank_options(s, 0, 20s));
+  const std::int64_t joined = now_ns();
+  std::vector<std::span<std::uint8_t>> state{dcomm::bytes_of(model)};
+  const auto h = dcomm::heal(c, -1, state, dcomm::blocking);
+  const std::int64_t healed = now_ns();
+  std::vector<float> v{1.0f};
+  c.all_reduce(v, dcomm::sum, dcomm::blocking);
+  const std::int64_t trained = now_ns();
+  const bool ok = h.step == 1 && model.back() == static_cast<std::uint8_t>((bytes - 1) * 7) &&
+                  v[0] == static_cast<float>(c.size());
+  auto store = dcomm::tcp_store::create(
+      {.host = "127.0.0.1",
+       .port = static_cast<std::uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+       .timeout = 20s});
+  store->set("bench/replacement",
+             std::to_string(joined - started) + " " + std::to_string(healed - started) + " " +
+                 std::to_string(trained - started) + " " + (ok ? "ok" : "wrong"),
+             dcomm::blocking);
+  return ok ? 0 : 2;
+}
+
+// A member: all_reduce and grow until the replacement is in (rank 0
+// starts it after s.warmup steps), then heal it and all_reduce with it.
+int run_member(const settings& s, int rank) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(s.world).c_str(), 1);
+  const auto o = rank_options(s, rank, 20s);
+  auto c = dcomm::init_process_group<dcomm::cpu_backend>(o);
+  std::vector<std::uint8_t> model(s.replace_bytes);
+  for (std::size_t i = 0; i < model.size(); ++i) model[i] = static_cast<std::uint8_t>(i * 7);
+  pid_t replacement = -1;
+  for (int step = 0; c.size() == s.world; ++step) {
+    if (step > s.warmup + 100000) return 3;
+    if (rank == 0 && step == s.warmup) {
+      const std::string bytes = std::to_string(s.replace_bytes), started = std::to_string(now_ns());
+      std::fflush(nullptr);
+      replacement = ::fork();
+      if (replacement == 0) {
+        ::execl("/proc/self/exe", "elastic_bench", "--as-replacement", bytes.c_str(),
+                started.c_str(), static_cast<char*>(nullptr));
+        std::_Exit(127);
+      }
+    }
+    std::vector<float> v{1.0f};
+    c.all_reduce(v, dcomm::sum, dcomm::blocking);
+    c = dcomm::grow(c, o, dcomm::blocking);
+  }
+  std::vector<std::span<std::uint8_t>> state{dcomm::bytes_of(model)};
+  dcomm::heal(c, 1, state, dcomm::blocking);
+  std::vector<float> v{1.0f};
+  c.all_reduce(v, dcomm::sum, dcomm::blocking);
+  int status = 0;
+  if (replacement > 0) ::waitpid(replacement, &status, 0);
+  return replacement < 0 || (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : 4;
+}
+
+int run_replace(const settings& s) {
+  std::vector<double> joined, healed, trained;
+  for (int round = 0; round < s.rounds; ++round) {
+    store_process store;
+    set_served_environment(store);
+    auto results = dcomm::test::fork_world(s.world, 120s,
+                                           [&](int rank) -> int { return run_member(s, rank); });
+    if (!std::all_of(results.begin(), results.end(), [](const auto& r) { return r.ok(); })) {
+      std::fprintf(stderr, "elastic_bench: replace round %d: %s\n", round,
+                   dcomm::test::describe(results).c_str());
+      return 1;
+    }
+    auto client =
+        dcomm::tcp_store::create({.host = "127.0.0.1", .port = store.socket.port, .timeout = 20s});
+    long long j = 0, h = 0, t = 0;
+    char verdict[16] = {};
+    const std::string times = client->get("bench/replacement", dcomm::blocking);
+    if (std::sscanf(times.c_str(), "%lld %lld %lld %15s", &j, &h, &t, verdict) != 4 ||
+        std::string(verdict) != "ok") {
+      std::fprintf(stderr, "elastic_bench: replace round %d: the replacement said '%s'\n", round,
+                   times.c_str());
+      return 1;
+    }
+    joined.push_back(static_cast<double>(j) / 1e6);
+    healed.push_back(static_cast<double>(h) / 1e6);
+    trained.push_back(static_cast<double>(t) / 1e6);
+  }
+  const auto j = of(joined), h = of(healed), t = of(trained);
+  const std::string links = links_of(s);
+  std::printf("%6d %10s %12zu %7zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", s.world, links.c_str(),
+              s.replace_bytes, joined.size(), j.median, j.largest, h.median, h.largest, t.median,
+              t.largest);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--as-replacement") try {
+      return run_replacement(std::strtoull(argv[2], nullptr, 10), std::atoll(argv[3]));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "elastic_bench: the replacement: %s\n", e.what());
+      return 1;
+    }
   settings s;
   dcomm::command_line cl("elastic_bench",
                          "From a SIGKILL in an all_reduce to the survivors' next all_reduce: "
@@ -251,8 +394,18 @@ int main(int argc, char** argv) {
   cl.option("warmup", s.warmup, "N", "all_reduces before the kill; 20").at_least(0);
   cl.bytes("heal", s.heal_bytes, "B",
            "time heal() instead: rank 0 ahead, the others get its B bytes of state");
+  cl.bytes("replace", s.replace_bytes, "B",
+           "time a replacement instead: from its exec to join, heal of B bytes, all_reduce");
   cl.parse(argc, argv);
   try {
+    if (s.replace_bytes > 0) {
+      std::printf(
+          "# elastic_bench --replace: ms from the fork before a replacement's exec to its "
+          "join's return, heal's (B bytes), first all_reduce's end\n");
+      std::printf("# %4s %10s %12s %7s %19s %19s %19s\n", "world", "links", "bytes", "rounds",
+                  "joined (med, max)", "healed (med, max)", "trained (med, max)");
+      return run_replace(s);
+    }
     if (s.heal_bytes > 0) {
       std::printf(
           "# elastic_bench --heal: ms of heal() of rank 0's state to the others (digest "
