@@ -38,12 +38,14 @@ namespace elastic_training {
 
 using comm_t = dcomm::communicator<dcomm::cpu_backend>;
 
-// What heal() brings a rank: the model, SGD's momentum, and (separately) the step.
+// What heal() brings a rank: the model, SGD's momentum, the failures
+// counted so far, and (separately) the step.
 struct replica {
   mlp model;
   gradients grad;
   std::vector<std::vector<float>> velocity;
   backward_work work;
+  std::vector<std::int64_t> failures{0};  // the job's, as its survivors count them
 
   explicit replica(std::uint64_t seed) : model(seed) {
     for (auto* p : model.parameters()) velocity.emplace_back(p->size(), 0.0f);
@@ -52,6 +54,7 @@ struct replica {
     std::vector<std::span<std::uint8_t>> s;
     for (auto* p : model.parameters()) s.push_back(dcomm::bytes_of(*p));
     for (auto& v : velocity) s.push_back(dcomm::bytes_of(v));
+    s.push_back(dcomm::bytes_of(failures));
     return s;
   }
 };
@@ -149,7 +152,6 @@ int train(const Settings& s) {
   std::int64_t grown_at = -1;
   bool heal_needed = true;
   double loss_sum = 0;
-  int failures = 0;
   say("Fashion-MNIST, elastic: " + std::to_string(train.size()) + " training images, " +
       std::to_string(comm.size()) + " rank(s), batch " + std::to_string(batch) + "\n");
   const auto start = std::chrono::steady_clock::now();
@@ -175,7 +177,7 @@ int train(const Settings& s) {
             line, sizeof line,
             ", trained in %.1f s through %d failure(s), ending with %d rank(s)\n",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-            failures, comm.size());
+            static_cast<int>(r.failures[0]), comm.size());
         say(accuracy + line);
         if (comm.rank() == 0) dcomm::close_joins(comm, dcomm::blocking);
         return 0;
@@ -211,7 +213,7 @@ int train(const Settings& s) {
     } catch (const dcomm::error& e) {
       // A member lost (or a joiner lost while the world grew): the
       // survivors' world, then the most advanced one's state.
-      ++failures;
+      ++r.failures[0];
       const int was = comm.size();
       comm = survivors_of(comm);
       say("step " + std::to_string(step) + ": " + first_line(e) + "\nstep " + std::to_string(step) +
