@@ -40,11 +40,11 @@
 
 #include "../tests/support/fork_world.hpp"
 #include "../tests/support/listening_socket.hpp"
+#include "../tests/support/store_process.hpp"
 #include "dcomm/command_line.hpp"
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/elastic.hpp"
 #include "dcomm/init_process_group.hpp"
-#include "dcomm/store/tcp_store_server.hpp"
 
 namespace {
 
@@ -243,27 +243,7 @@ int run_heal(const settings& s) {
   return 0;
 }
 
-// The job's store in a forked process, so that it outlives the ranks.
-struct store_process {
-  dcomm::test::listening_socket socket;
-  pid_t pid = -1;
-  store_process() {
-    std::fflush(nullptr);
-    pid = ::fork();
-    if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
-    if (pid == 0) {
-      asio::io_context context{1};
-      auto server =
-          dcomm::tcp_store_server::start(context.get_executor(), {.listen_fd = ::dup(socket.fd())});
-      context.run();
-      std::_Exit(0);
-    }
-  }
-  ~store_process() {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
-};
+using dcomm::test::store_process;
 
 void set_served_environment(const store_process& store) {
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);

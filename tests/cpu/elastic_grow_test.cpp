@@ -23,40 +23,16 @@
 #include "dcomm/elastic.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/store/tcp_store.hpp"
-#include "dcomm/store/tcp_store_server.hpp"
 #include "support/deadline.hpp"
 #include "support/fork_world.hpp"
 #include "support/listening_socket.hpp"
+#include "support/store_process.hpp"
 
 using namespace std::chrono_literals;
 
 namespace elastic_grow {
 
-// The job's store in a process of its own, so that any rank may die.
-struct store_process {
-  dcomm::test::listening_socket socket;
-  pid_t pid = -1;
-
-  store_process() {
-    std::fflush(nullptr);
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      asio::io_context context{1};
-      auto server =
-          dcomm::tcp_store_server::start(context.get_executor(), {.listen_fd = ::dup(socket.fd())});
-      context.run();
-      std::_Exit(0);
-    }
-  }
-  ~store_process() {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
-  std::shared_ptr<dcomm::store> client(asio::any_io_executor ex) const {
-    return dcomm::tcp_store::create(ex, {.port = socket.port, .timeout = 20s});
-  }
-};
+using dcomm::test::store_process;
 
 // Which host process `index` plays: 0 unless DCOMM_TEST_HOSTS=k.
 int host_of(int index) {
