@@ -11,6 +11,8 @@
 //   elastic_bench --world 8 --rounds 20
 //   elastic_bench --world 8 --hosts 2          # shared memory inside, TCP across
 //   elastic_bench --world 4 --transport tcp
+//   elastic_bench --world 8 --netns dcb0=10.99.0.2,dcb1=10.99.0.3 --master-addr 10.99.0.1
+//                                               # hosts as network namespaces (root)
 //   elastic_bench --world 2 --heal 100M         # heal(): rank 0's state to the others
 //   elastic_bench --world 3 --replace 100M      # a replacement from its exec to training
 //
@@ -19,6 +21,8 @@
 // new process (this program, exec'd) joins, is healed B bytes of state
 // and all_reduces with them. A row: ms from the fork before its exec to
 // join's return, to heal's, and to the end of its first all_reduce.
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -32,7 +36,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -59,7 +65,46 @@ struct settings {
   int warmup = 20;                // all_reduces before the kill
   std::size_t heal_bytes = 0;     // > 0: time heal() of this much state instead
   std::size_t replace_bytes = 0;  // > 0: time a replacement's start instead
+  // "NAME=ADDR,...": the ranks are hosts in these network namespaces
+  // (consecutive ranks in each), bound to ADDR; the store at master_addr.
+  std::string netns;
+  std::string master_addr = "127.0.0.1";
 };
+
+// --netns's namespaces, in order: {name, address}.
+std::vector<std::pair<std::string, std::string>> namespaces_of(const settings& s) {
+  std::vector<std::pair<std::string, std::string>> found;
+  for (std::size_t at = 0; at < s.netns.size();) {
+    std::size_t comma = s.netns.find(',', at);
+    if (comma == std::string::npos) comma = s.netns.size();
+    const std::string entry = s.netns.substr(at, comma - at);
+    const std::size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
+      throw std::invalid_argument("--netns: '" + entry + "' is not NAME=ADDRESS");
+    found.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+    at = comma + 1;
+  }
+  return found;
+}
+
+// Rank `rank`'s namespace of --netns: {name, address}; none without it.
+std::optional<std::pair<std::string, std::string>> namespace_of(const settings& s, int rank) {
+  const auto spaces = namespaces_of(s);
+  if (spaces.empty()) return std::nullopt;
+  return spaces[static_cast<std::size_t>(rank) * spaces.size() / static_cast<std::size_t>(s.world)];
+}
+
+// Moves this (single-threaded, just forked) rank into its network
+// namespace of --netns (ip netns add's /var/run/netns/NAME).
+void enter_namespace(const settings& s, int rank) {
+  const auto space = namespace_of(s, rank);
+  if (!space) return;
+  const std::string path = "/var/run/netns/" + space->first;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0)
+    throw std::system_error(errno, std::generic_category(), "setns " + path);
+  ::close(fd);
+}
 
 constexpr int max_world = 64;
 
@@ -104,11 +149,16 @@ dcomm::init_options<dcomm::cpu_backend> rank_options(const settings& s, int rank
   o.backend.revoke_on_failure = true;
   if (!s.transport.empty()) o.backend.transport = s.transport;
   if (s.hosts > 0) o.backend.host_id = "bench-host-" + std::to_string(rank * s.hosts / s.world);
+  if (const auto space = namespace_of(s, rank)) {
+    o.backend.bind_host = space->second;
+    o.backend.host_id = "bench-netns-" + space->first;  // a host of its own: no shared memory
+  }
   return o;
 }
 
 // The "links" column.
 std::string links_of(const settings& s) {
+  if (!s.netns.empty()) return std::to_string(namespaces_of(s).size()) + " netns";
   if (s.hosts > 0) return std::to_string(s.hosts) + " hosts";
   return s.transport.empty() ? "auto" : s.transport;
 }
@@ -116,6 +166,7 @@ std::string links_of(const settings& s) {
 // One rank of a round: `victim` kills itself in its all_reduce number
 // s.warmup; the others return 0 once they have all_reduced after shrinking.
 int run_rank(const settings& s, int rank, int victim, round_record& record) {
+  enter_namespace(s, rank);
   auto c = dcomm::init_process_group<dcomm::cpu_backend>(rank_options(s, rank, 20s));
   std::vector<float> v(std::max<std::size_t>(1, s.bytes / sizeof(float)), 1.0f);
   for (int step = 0;; ++step) {
@@ -161,9 +212,10 @@ int run(const settings& s) {
   for (int round = 0; round < s.rounds; ++round) {
     new (record) round_record{};
     const int victim = round % s.world;
-    dcomm::test::listening_socket master;
+    dcomm::test::listening_socket master(s.master_addr.c_str());
     auto results = dcomm::test::fork_world(s.world, 60s, [&](int rank) -> int {
       dcomm::test::set_rank_environment(master, rank, s.world);
+      ::setenv("MASTER_ADDR", s.master_addr.c_str(), 1);
       return run_rank(s, rank, victim, *record);
     });
     bool ok = true;
@@ -207,9 +259,11 @@ int run_heal(const settings& s) {
   std::vector<double> ms;
   for (int round = 0; round < s.rounds; ++round) {
     new (record) round_record{};
-    dcomm::test::listening_socket master;
+    dcomm::test::listening_socket master(s.master_addr.c_str());
     auto results = dcomm::test::fork_world(s.world, 120s, [&](int rank) -> int {
       dcomm::test::set_rank_environment(master, rank, s.world);
+      ::setenv("MASTER_ADDR", s.master_addr.c_str(), 1);
+      enter_namespace(s, rank);
       auto c = dcomm::init_process_group<dcomm::cpu_backend>(rank_options(s, rank, 60s));
       std::vector<std::uint8_t> model(s.heal_bytes, 0);
       if (rank == 0)
@@ -369,6 +423,11 @@ int main(int argc, char** argv) {
       .at_least(1);
   cl.option("transport", s.transport, "auto|shm|tcp", "the links between ranks of this host")
       .one_of({"auto", "shm", "tcp"});
+  cl.option("netns", s.netns, "NAME=ADDR,...",
+            "the ranks are hosts in these network namespaces (ip netns add), consecutive ranks "
+            "in each, bound to ADDR (root)");
+  cl.option("master-addr", s.master_addr, "ADDR",
+            "where the rendezvous listens (reachable from every namespace); 127.0.0.1");
   cl.option("rounds", s.rounds, "N", "kills, each in a fresh world; 10").at_least(1);
   cl.bytes("bytes", s.bytes, "B", "each all_reduce's size; 4");
   cl.option("warmup", s.warmup, "N", "all_reduces before the kill; 20").at_least(0);

@@ -110,9 +110,14 @@ class communicator {
   // `why`. Not collective: any one member may call it, and it returns at
   // once; the members learn it over their links, from whichever member
   // tells them first. What survives a revocation: docs/elastic.md.
-  void revoke(std::string why = {}) const requires revocable_backend<Backend> {
-    rt_->backend->revoke(group_, std::move(why));
-    if (rt_->thread) rt_->thread->drive().hand_back();  // run at once, as abort()
+  void revoke(std::string why = {}) const {
+    static_assert(revocable_backend<Backend>,
+                  "dcomm: this backend cannot revoke (the CPU backend can; MPI would need ULFM's "
+                  "MPIX_Comm_revoke, NCCL's ncclCommRevoke is not mapped yet: docs/elastic.md)");
+    if constexpr (revocable_backend<Backend>) {
+      rt_->backend->revoke(group_, std::move(why));
+      if (rt_->thread) rt_->thread->drive().hand_back();  // run at once, as abort()
+    }
   }
 
   // Fault-tolerant agreement (ULFM's MPIX_Comm_agree): every live member
@@ -123,12 +128,16 @@ class communicator {
   // numbered apart from the collectives). errc::timeout at the deadline,
   // naming the members not heard from. docs/elastic.md.
   template <completion_token_for<agreement> Token = default_token_t>
-  auto agree(bool flag, Token&& token = {}) const requires agreeing_backend<Backend> {
+  auto agree(bool flag, Token&& token = {}) const {
     return agree(flag, op_options{}, std::forward<Token>(token));
   }
   template <completion_token_for<agreement> Token = default_token_t>
-  auto agree(bool flag, op_options o, Token&& token = {}) const requires agreeing_backend<Backend> {
-    return ops().agree(flag, o, std::forward<Token>(token));
+  auto agree(bool flag, op_options o, Token&& token = {}) const {
+    static_assert(agreeing_backend<Backend>,
+                  "dcomm: this backend cannot agree (the CPU backend can; MPI would need ULFM's "
+                  "MPIX_Comm_agree, NCCL has none: docs/elastic.md)");
+    if constexpr (agreeing_backend<Backend>)
+      return ops().agree(flag, o, std::forward<Token>(token));
   }
 
   // The survivors' communicator (ULFM's MPIX_Comm_shrink, NCCL's
@@ -137,12 +146,15 @@ class communicator {
   // they already have. Works on a revoked group; the new group is not
   // revoked with it. Every live member calls it (in agree's order).
   template <completion_token_for<communicator> Token = default_token_t>
-  auto shrink(Token&& token = {}) const requires shrinkable_backend<Backend> {
+  auto shrink(Token&& token = {}) const {
     return shrink(op_options{}, std::forward<Token>(token));
   }
   template <completion_token_for<communicator> Token = default_token_t>
-  auto shrink(op_options o, Token&& token = {}) const requires shrinkable_backend<Backend> {
-    return ops().shrink(o, std::forward<Token>(token));
+  auto shrink(op_options o, Token&& token = {}) const {
+    static_assert(shrinkable_backend<Backend>,
+                  "dcomm: this backend cannot shrink (the CPU backend can; MPI would need ULFM's "
+                  "MPIX_Comm_shrink, NCCL's ncclCommShrink is not mapped yet: docs/elastic.md)");
+    if constexpr (shrinkable_backend<Backend>) return ops().shrink(o, std::forward<Token>(token));
   }
 
   // Writes this process's flight recorder (its last operations, every
