@@ -170,6 +170,10 @@ TEST_SUITE("cpu elastic grow") {
           // then death before the meeting.
           const std::int64_t ticket =
               co_await s->add("dcomm/elastic/tickets", 1, asio::use_awaitable);
+          const std::string g = co_await s->get("dcomm/elastic/call/" + std::to_string(ticket), 20s,
+                                                asio::use_awaitable);
+          co_await s->set("dcomm/elastic/answer/" + g + "/" + std::to_string(ticket), "1",
+                          asio::use_awaitable);
           co_await s->get("dcomm/elastic/admit/" + std::to_string(ticket), 20s,
                           asio::use_awaitable);
           ::kill(::getpid(), SIGKILL);
@@ -204,6 +208,58 @@ TEST_SUITE("cpu elastic grow") {
     CHECK(results[2].signal == SIGKILL);
     CHECK(results[0].exit_code == 0);
     CHECK(results[1].exit_code == 0);
+  }
+
+  TEST_CASE("a joiner that died waiting is not admitted: the grow goes on without it") {
+    DCOMM_TEST_DEADLINE(60s);
+    store_process job;
+    auto results = dcomm::test::fork_world(4, 30s, [&](int index) -> int {
+      asio::io_context context{1};
+      return dcomm::sync_wait(context, [&]() -> asio::awaitable<int> {
+        auto s = job.client(context.get_executor());
+        auto o = job_options(index);
+        o.timeout = 20s;  // a grow that waited for the dead one would take that long
+        auto tickets = [&]() -> asio::awaitable<std::int64_t> {
+          co_return co_await s->add("dcomm/elastic/tickets", 0, asio::use_awaitable);
+        };
+        auto pause = [&]() -> asio::awaitable<void> {
+          asio::steady_timer t(context, 1ms);
+          co_await t.async_wait(asio::use_awaitable);
+        };
+        if (index == 2) {  // join()'s first step (docs/elastic.md), then death
+          co_await s->add("dcomm/elastic/tickets", 1, asio::use_awaitable);
+          ::kill(::getpid(), SIGKILL);
+        }
+        if (index == 3) {  // the next ticket: a live joiner
+          for (int tries = 0; co_await tickets() < 1; ++tries)
+            if (tries > 4000)
+              co_return 2;
+            else
+              co_await pause();
+          auto c = co_await dcomm::join<dcomm::cpu_backend>(context.get_executor(), s, o,
+                                                            asio::use_awaitable);
+          if (c.rank() != 2) co_return 3;
+          co_return co_await check_world(c, 3, index);
+        }
+        auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
+            context.get_executor(), s, index, 2, o, asio::use_awaitable);
+        for (int tries = 0; co_await tickets() < 2; ++tries)
+          if (tries > 4000)
+            co_return 4;
+          else
+            co_await pause();
+        std::vector<int> in{1};
+        co_await c.all_reduce(in, dcomm::sum, asio::use_awaitable);  // both saw the tickets
+        const auto started = std::chrono::steady_clock::now();
+        auto grown = co_await dcomm::grow(c, o, asio::use_awaitable);
+        if (std::chrono::steady_clock::now() - started > 10s) co_return 5;
+        if (grown.rank() != index) co_return 6;
+        co_return co_await check_world(grown, 3, index);
+      }());
+    });
+    INFO(dcomm::test::describe(results));
+    CHECK(results[2].signal == SIGKILL);
+    for (int i : {0, 1, 3}) CHECK(results[static_cast<std::size_t>(i)].exit_code == 0);
   }
 
   TEST_CASE("close_joins: a waiting joiner and a later one fail with closed at once") {

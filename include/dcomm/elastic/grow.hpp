@@ -8,11 +8,14 @@
 //   auto comm = dcomm::join<dcomm::cpu_backend>(options);   // blocking; or (ex, store, options)
 //
 // What happens: a joiner takes a ticket (the store's counter
-// "dcomm/elastic/tickets") and waits for its admission. At grow(), the
-// members' rank 0 admits every ticket taken since the last admission: it
-// numbers a new generation, writes each joiner its rank (the members keep
-// theirs, 0 to n-1; joiners follow in ticket order) and broadcasts the
-// generation and the new size to the members. Then members and joiners
+// "dcomm/elastic/tickets") and waits for its call. At grow(), the members'
+// rank 0 numbers a new generation and calls every ticket taken since the
+// last admission; the joiners answer, and those that answer within
+// joiner_answer_window (one that died waiting never does) are admitted:
+// rank 0 writes each its rank (the members keep theirs, 0 to n-1; joiners
+// follow in ticket order), the others "expired" (a joiner alive but late
+// takes a new ticket), and broadcasts the generation and the new size to
+// the members. Then members and joiners
 // meet as a new world through the store under "dcomm/elastic/<generation>/"
 // (the rendezvous and the backend's connections, as init_process_group's),
 // and grow() returns its communicator; the old one stays open until its
@@ -27,6 +30,7 @@
 // join again. The store's keys, counters and admissions stay in the store.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -54,9 +58,23 @@ inline constexpr const char* elastic_tickets_key = "dcomm/elastic/tickets";
 inline constexpr const char* elastic_admitted_key = "dcomm/elastic/admitted";
 inline constexpr const char* elastic_generation_key = "dcomm/elastic/generation";
 inline constexpr const char* elastic_closed_key = "dcomm/elastic/closed";
-// The admission of a ticket taken before close_joins().
+// The call and the admission of a ticket taken before close_joins().
 inline constexpr const char* closed_admission = "closed";
+// The admission of a ticket whose joiner did not answer its call in time:
+// it takes another ticket (one gone takes nothing).
+inline constexpr const char* expired_admission = "expired";
+// How long the admitting rank waits for the called joiners' answers: a
+// live joiner waits on its call and answers at once; a dead one never.
+inline constexpr std::chrono::milliseconds joiner_answer_window{1000};
 
+// Rank 0 calls each waiting ticket (the key holds the generation), the
+// joiner answers, then reads its admission.
+inline std::string call_key(std::int64_t ticket) {
+  return "dcomm/elastic/call/" + std::to_string(ticket);
+}
+inline std::string answer_key(std::int64_t generation, std::int64_t ticket) {
+  return "dcomm/elastic/answer/" + std::to_string(generation) + "/" + std::to_string(ticket);
+}
 inline std::string admission_key(std::int64_t ticket) {
   return "dcomm/elastic/admit/" + std::to_string(ticket);
 }
@@ -108,24 +126,44 @@ inline asio::any_io_executor underlying_executor(const asio::any_io_executor& ex
   return ex;
 }
 
-// On the members' rank 0: admits the tickets taken since the last
-// admission. Returns {generation, new size}; {0, n} when nobody waits.
-inline asio::awaitable<std::vector<std::int64_t>> admit_joiners(std::shared_ptr<store> s, int n) {
+// On the members' rank 0: calls the tickets taken since the last
+// admission and admits those whose joiners answer within
+// joiner_answer_window (a joiner that died waiting costs the members that
+// window once, not a meeting's timeout). Returns {generation, new size};
+// {0, n} when nobody (alive) waits.
+inline asio::awaitable<std::vector<std::int64_t>> admit_joiners(std::shared_ptr<store> s, int n,
+                                                                clock::duration timeout) {
   // Named, not braced in the co_await: g++ 12 mishandles such temporaries.
   const std::vector<std::string> closed{elastic_closed_key};
   if (co_await s->check(closed)) co_return std::vector<std::int64_t>{0, n};
   const std::int64_t taken = co_await s->add(elastic_tickets_key, 0);
   const std::int64_t admitted = co_await s->add(elastic_admitted_key, 0);
   if (taken <= admitted) co_return std::vector<std::int64_t>{0, n};
-  const std::int64_t joiners = taken - admitted;
   const std::int64_t g = co_await s->add(elastic_generation_key, 1);
-  const int world = n + static_cast<int>(joiners);
   for (std::int64_t t = admitted + 1; t <= taken; ++t)
-    co_await s->set(
-        admission_key(t),
-        encode({.generation = g, .rank = n + static_cast<int>(t - admitted - 1), .world = world}));
-  co_await s->add(elastic_admitted_key, joiners);
-  co_return std::vector<std::int64_t>{g, world};
+    co_await s->set(call_key(t), std::to_string(g));
+  const auto deadline = clock::now() + std::min<clock::duration>(joiner_answer_window, timeout);
+  std::vector<bool> answered;
+  for (std::int64_t t = admitted + 1; t <= taken; ++t) {
+    try {
+      co_await s->get(answer_key(g, t), time_left(deadline));
+      answered.push_back(true);
+    } catch (const dcomm::error& e) {
+      if (e.code() != errc::timeout) throw;
+      answered.push_back(false);
+    }
+  }
+  const int world = n + static_cast<int>(std::count(answered.begin(), answered.end(), true));
+  int next = n;
+  for (std::int64_t t = admitted + 1; t <= taken; ++t) {
+    // Named, not a conditional's temporary in the co_await (g++ 12).
+    std::string admission = expired_admission;
+    if (answered[static_cast<std::size_t>(t - admitted - 1)])
+      admission = encode({.generation = g, .rank = next++, .world = world});
+    co_await s->set(admission_key(t), std::move(admission));
+  }
+  co_await s->add(elastic_admitted_key, taken - admitted);
+  co_return std::vector<std::int64_t>{world > n ? g : 0, world};
 }
 
 // The new world of generation g, as init_process_group over a store makes
@@ -146,7 +184,7 @@ asio::awaitable<communicator<Backend>> grow_op(communicator<Backend> comm,
   const auto& rt = elastic_access<Backend>::runtime(comm);
   std::shared_ptr<store> job = rt->job_store ? rt->job_store : rt->rendezvous_store;
   std::vector<std::int64_t> decision{0, comm.size()};
-  if (comm.rank() == 0) decision = co_await admit_joiners(job, comm.size());
+  if (comm.rank() == 0) decision = co_await admit_joiners(job, comm.size(), o.timeout);
   // Named, not braced in the co_await: g++ 12 destroys such temporaries twice.
   op_options bo{.timeout = o.timeout};
   co_await comm.broadcast(decision, 0, bo, use_awaitable_of<Backend>);
@@ -162,48 +200,58 @@ asio::awaitable<communicator<Backend>> join_op(std::shared_ptr<store> job, init_
   error_context where{.operation = "join", .address = job->address()};
   std::exception_ptr failure;
   try {
-    const std::int64_t ticket = co_await job->add(elastic_tickets_key, 1);
-    const std::string key = admission_key(ticket);
-    auto closed = [&] {
-      throw_error(errc::closed, {.operation = "join",
-                                 .key = key,
-                                 .address = job->address(),
-                                 .detail = "the job closed its joins (dcomm::close_joins): no "
-                                           "member admits this process"});
-    };
-    // After the ticket: a close_joins() that read the tickets before this
-    // one was taken set the key before it read them.
-    const std::vector<std::string> closed_keys{elastic_closed_key};
-    if (co_await job->check(closed_keys)) closed();
-    std::string text;
-    try {
-      text = co_await job->get(key, o.timeout);
-    } catch (const dcomm::error& e) {
-      if (e.code() != errc::timeout) throw;
-      throw_error(errc::timeout, {.operation = "join",
-                                  .key = key,
-                                  .address = job->address(),
-                                  .detail = "no member's grow() admitted this joiner (ticket " +
-                                            std::to_string(ticket) + ") by the deadline"});
+    const auto deadline = clock::now() + o.timeout;
+    for (;;) {  // a ticket whose call came too late for its answer expires: another
+      const std::int64_t ticket = co_await job->add(elastic_tickets_key, 1);
+      std::string key = call_key(ticket);
+      auto closed = [&] {
+        throw_error(errc::closed, {.operation = "join",
+                                   .key = key,
+                                   .address = job->address(),
+                                   .detail = "the job closed its joins (dcomm::close_joins): no "
+                                             "member admits this process"});
+      };
+      // After the ticket: a close_joins() that read the tickets before this
+      // one was taken set the key before it read them.
+      const std::vector<std::string> closed_keys{elastic_closed_key};
+      if (co_await job->check(closed_keys)) closed();
+      std::string text;
+      try {
+        text = co_await job->get(key, time_left(deadline));
+      } catch (const dcomm::error& e) {
+        if (e.code() != errc::timeout) throw;
+        throw_error(errc::timeout, {.operation = "join",
+                                    .key = key,
+                                    .address = job->address(),
+                                    .detail = "no member's grow() admitted this joiner (ticket " +
+                                              std::to_string(ticket) + ") by the deadline"});
+      }
+      if (text == closed_admission) closed();
+      co_await job->set(answer_key(std::atoll(text.c_str()), ticket), "1");
+      key = admission_key(ticket);
+      text = co_await job->get(key, time_left(deadline));
+      if (text == closed_admission) closed();
+      if (text == expired_admission) continue;
+      const admission a = decode_admission(text, key);
+      co_return co_await meet_generation<Backend>(std::move(job), a.generation, a.rank, a.world,
+                                                  std::move(o), std::move(thread));
     }
-    if (text == closed_admission) closed();
-    const admission a = decode_admission(text, key);
-    co_return co_await meet_generation<Backend>(std::move(job), a.generation, a.rank, a.world,
-                                                std::move(o), std::move(thread));
   } catch (...) {
     failure = std::current_exception();
   }
   std::rethrow_exception(as_dcomm_error(failure, std::move(where)));
 }
 
-// Marks the job closed, then answers every ticket not yet admitted: each
-// waiting joiner learns it at once, and a later one from the mark.
+// Marks the job closed, then calls every ticket not yet admitted with the
+// mark: each waiting joiner learns it at once, and a later one from the mark.
 inline asio::awaitable<void> close_joins_op(std::shared_ptr<store> job) {
   co_await job->set(elastic_closed_key, "1");
   const std::int64_t taken = co_await job->add(elastic_tickets_key, 0);
   const std::int64_t admitted = co_await job->add(elastic_admitted_key, 0);
-  for (std::int64_t t = admitted + 1; t <= taken; ++t)
+  for (std::int64_t t = admitted + 1; t <= taken; ++t) {
+    co_await job->set(call_key(t), closed_admission);
     co_await job->set(admission_key(t), closed_admission);
+  }
 }
 
 // A client of the job's store named by an init_method, env:// or tcp://
