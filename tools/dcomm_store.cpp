@@ -42,9 +42,8 @@ int main(int argc, char** argv) {
     asio::io_context context{1};
     asio::signal_set stop(context, SIGINT, SIGTERM);
     auto server = dcomm::tcp_store_server::start(
-        context.get_executor(), {.bind_host = bind_host,
-                                 .port = static_cast<std::uint16_t>(port),
-                                 .listen_fd = listen_fd});
+        context.get_executor(),
+        {.bind_host = bind_host, .port = static_cast<std::uint16_t>(port), .listen_fd = listen_fd});
     std::printf("dcomm-store: serving on %s\n", server->address().c_str());
     std::fflush(stdout);
     if (!port_file.empty()) {
