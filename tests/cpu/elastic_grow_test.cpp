@@ -89,6 +89,17 @@ struct resources {
   }
 };
 
+// Whether `n` tickets are taken in the job's store (join()'s first step:
+// docs/elastic.md) within a few seconds.
+asio::awaitable<bool> tickets_taken(dcomm::store& s, std::int64_t n) {
+  for (int tries = 0; tries < 4000; ++tries) {
+    if (co_await s.add("dcomm/elastic/tickets", 0, asio::use_awaitable) >= n) co_return true;
+    asio::steady_timer pause(co_await asio::this_coro::executor, 1ms);
+    co_await pause.async_wait(asio::use_awaitable);
+  }
+  co_return false;
+}
+
 bool lost(const dcomm::error& e) {
   return e.code() == dcomm::errc::peer_lost || e.code() == dcomm::errc::revoked;
 }
@@ -181,12 +192,7 @@ TEST_SUITE("cpu elastic grow") {
         auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
             context.get_executor(), s, index, 2, o, asio::use_awaitable);
         // Until the joiner has its ticket: grow() returns c itself.
-        for (int tries = 0;; ++tries) {
-          if (tries > 4000) co_return 3;
-          if (co_await s->add("dcomm/elastic/tickets", 0, asio::use_awaitable) > 0) break;
-          asio::steady_timer pause(context, 1ms);
-          co_await pause.async_wait(asio::use_awaitable);
-        }
+        if (!co_await tickets_taken(*s, 1)) co_return 3;
         std::vector<int> in{1};
         co_await c.all_reduce(in, dcomm::sum, asio::use_awaitable);  // both saw the ticket
         try {
@@ -218,24 +224,13 @@ TEST_SUITE("cpu elastic grow") {
       return dcomm::sync_wait(context, [&]() -> asio::awaitable<int> {
         auto s = job.client(context.get_executor());
         auto o = job_options(index);
-        o.timeout = 20s;  // a grow that waited for the dead one would take that long
-        auto tickets = [&]() -> asio::awaitable<std::int64_t> {
-          co_return co_await s->add("dcomm/elastic/tickets", 0, asio::use_awaitable);
-        };
-        auto pause = [&]() -> asio::awaitable<void> {
-          asio::steady_timer t(context, 1ms);
-          co_await t.async_wait(asio::use_awaitable);
-        };
+        o.timeout = 20s;   // a grow that waited for the dead one would take that long
         if (index == 2) {  // join()'s first step (docs/elastic.md), then death
           co_await s->add("dcomm/elastic/tickets", 1, asio::use_awaitable);
           ::kill(::getpid(), SIGKILL);
         }
         if (index == 3) {  // the next ticket: a live joiner
-          for (int tries = 0; co_await tickets() < 1; ++tries)
-            if (tries > 4000)
-              co_return 2;
-            else
-              co_await pause();
+          if (!co_await tickets_taken(*s, 1)) co_return 2;
           auto c = co_await dcomm::join<dcomm::cpu_backend>(context.get_executor(), s, o,
                                                             asio::use_awaitable);
           if (c.rank() != 2) co_return 3;
@@ -243,11 +238,7 @@ TEST_SUITE("cpu elastic grow") {
         }
         auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
             context.get_executor(), s, index, 2, o, asio::use_awaitable);
-        for (int tries = 0; co_await tickets() < 2; ++tries)
-          if (tries > 4000)
-            co_return 4;
-          else
-            co_await pause();
+        if (!co_await tickets_taken(*s, 2)) co_return 4;
         std::vector<int> in{1};
         co_await c.all_reduce(in, dcomm::sum, asio::use_awaitable);  // both saw the tickets
         const auto started = std::chrono::steady_clock::now();
@@ -289,12 +280,7 @@ TEST_SUITE("cpu elastic grow") {
         auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
             context.get_executor(), s, index, 2, o, asio::use_awaitable);
         // Until joiner 2 waits (its ticket taken), then closed by rank 0.
-        for (int tries = 0;; ++tries) {
-          if (tries > 4000) co_return 6;
-          if (co_await s->add("dcomm/elastic/tickets", 0, asio::use_awaitable) > 0) break;
-          asio::steady_timer pause(context, 1ms);
-          co_await pause.async_wait(asio::use_awaitable);
-        }
+        if (!co_await tickets_taken(*s, 1)) co_return 6;
         std::vector<int> in{1};
         co_await c.all_reduce(in, dcomm::sum, asio::use_awaitable);  // both saw the ticket
         if (c.rank() == 0) {
