@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
 
 #include "dcomm/store/tcp_store.hpp"
 #include "support/deadline.hpp"
@@ -55,6 +56,18 @@ int as_store_rank() {
     std::fprintf(stderr, "rank failed: %s\n", e.what());
     return 1;
   }
+}
+
+// The pid of launcher `pid`'s child that runs dcomm-store (-1: none).
+pid_t store_child_of(pid_t pid) {
+  std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) +
+                         "/children");
+  for (pid_t child; children >> child;) {
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(child) + "/exe", ec);
+    if (!ec && exe.filename() == "dcomm-store") return child;
+  }
+  return -1;
 }
 
 std::string read_file(const std::filesystem::path& path) {
@@ -122,6 +135,22 @@ TEST_SUITE("elastic launcher") {
     CHECK(has(r.out, "[0] joined: kept=pid "));
     CHECK(has(r.out, "[1] rank 1: done"));
     CHECK(has(r.err, "1 failure(s), 1 restart(s)"));
+  }
+
+  TEST_CASE("a store that does not end on SIGTERM is killed: dcomm-run still ends") {
+    DCOMM_TEST_DEADLINE(60s);
+    bool stopped = false;
+    auto r = run({"-n", "2", "--elastic", "/bin/sh", "-c", "echo ready; sleep 0.5"},
+                 {.on_output = [&](pid_t launcher, const std::string& out) {
+                   if (!has(out, "ready")) return false;
+                   const pid_t store = elastic_launcher::store_child_of(launcher);
+                   stopped = store > 0 && ::kill(store, SIGSTOP) == 0;
+                   return true;
+                 }});
+    INFO(r.out, r.err);
+    CHECK(stopped);
+    CHECK(r.status == 0);
+    CHECK(r.seconds < 20);
   }
 
   TEST_CASE("--tee: a restarted slot's process appends to the slot's log") {

@@ -8,13 +8,17 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dcomm/launch/child_process.hpp"
@@ -25,6 +29,8 @@ namespace dcomm_run {
 
 class store_process {
  public:
+  static constexpr std::chrono::seconds stop_grace{2};
+
   // Starts dcomm-store on `listen_fd` (-1: bound to `port` on every
   // interface), authenticated by `token` where there is one. False, having
   // said why, when it cannot be started.
@@ -82,10 +88,16 @@ class store_process {
     return status_;
   }
 
-  // SIGTERM, and the wait for it (it stops at once: its loop ends).
+  // SIGTERM (its loop ends at once), and SIGKILL where it has not ended
+  // within stop_grace (stopped, or stuck): then the wait is short.
   void stop() {
     if (pid_ <= 0 || ended()) return;
     ::kill(pid_, SIGTERM);
+    const auto until = std::chrono::steady_clock::now() + stop_grace;
+    while (!ended() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (ended()) return;
+    ::kill(pid_, SIGKILL);
     int st = 0;
     while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
     }
