@@ -166,8 +166,7 @@ int train(const Settings& s) {
               std::to_string(healed.source) + "\n");
         step = grown_at = healed.step;
         heal_needed = false;
-        bucketer.reset();  // a new communicator, or a step that failed in its buckets
-        bucketer.emplace(comm);
+        bucketer.emplace(comm);  // a new communicator, or a step that failed in its buckets
         for (auto* g : r.grad.all()) bucketer->add(*g);
       }
       if (step >= last_step) {
