@@ -39,7 +39,7 @@ FLOORS = [
     (0, 'dcomm/detail/'),
     (0, 'dcomm/error.hpp'), (0, 'dcomm/half.hpp'), (0, 'dcomm/dtype.hpp'),
     (0, 'dcomm/reduce_op.hpp'), (0, 'dcomm/option_string.hpp'), (0, 'dcomm/tensor.hpp'), (0, 'dcomm/log.hpp'),
-    (0, 'dcomm/command_line.hpp'), (0, 'dcomm/operation.hpp'),
+    (0, 'dcomm/command_line.hpp'), (0, 'dcomm/operation.hpp'), (0, 'dcomm/codec.hpp'),
     (1, 'dcomm/completion.hpp'), (1, 'dcomm/backend.hpp'), (1, 'dcomm/cuda.hpp'),
     (1, 'dcomm/store/'), (1, 'dcomm/init_method.hpp'), (1, 'dcomm/init/'), (1, 'dcomm/launch/'),
     (1, 'dcomm/data_partitioner.hpp'), (1, 'dcomm/distributed_sampler.hpp'),
@@ -49,8 +49,8 @@ FLOORS = [
     (3, 'dcomm/cpu_backend.hpp'), (3, 'dcomm/tcp_backend.hpp'), (3, 'dcomm/nccl.hpp'), (3, 'dcomm/mpi.hpp'), (3, 'dcomm/rendezvous.hpp'),
     (3, 'dcomm/spawn.hpp'), (3, 'dcomm/request.hpp'),
     (6, 'dcomm/impl/src.hpp'),  # the separate-compilation library: everything
-    (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'),
-    (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
+    (4, 'dcomm/impl/'), (4, 'dcomm/communicator.hpp'), (4, 'dcomm/object_collectives.hpp'),
+    (5, 'dcomm/init_process_group.hpp'), (5, 'dcomm/default_group.hpp'), (5, 'dcomm/gradient_bucketer.hpp'),
     (5, 'dcomm/thread_world.hpp'), (5, 'dcomm/torch.hpp'), (5, 'dcomm/rpc.hpp'), (5, 'dcomm/rpc/'), (5, 'dcomm/elastic.hpp'), (5, 'dcomm/elastic/'),
     (6, 'dcomm/dcomm.hpp'),
 ]

@@ -21,7 +21,8 @@
 //
 // This header is the surface; the machinery is in impl/ (Asio's layout):
 // impl/communicator.hpp (each operation's checks and launch),
-// impl/initiate.hpp, impl/checks.hpp and impl/call_identity.hpp.
+// impl/initiate.hpp, impl/checks.hpp and impl/call_identity.hpp. The object
+// collectives are a base of their own (object_collectives.hpp).
 #pragma once
 
 #include <chrono>
@@ -41,6 +42,7 @@
 #include "dcomm/impl/call_identity.hpp"
 #include "dcomm/impl/checks.hpp"
 #include "dcomm/impl/initiate.hpp"
+#include "dcomm/object_collectives.hpp"
 #include "dcomm/reduce_op.hpp"
 #include "dcomm/request.hpp"
 #include "dcomm/tensor.hpp"
@@ -56,13 +58,6 @@
 
 namespace dcomm {
 
-// A trivially copyable value, a std::string, or a std::vector of trivially
-// copyable elements: what the object collectives carry.
-template <class T>
-concept object_value = std::is_trivially_copyable_v<T> || std::same_as<T, std::string> ||
-    (requires { typename T::value_type; } && std::same_as<T, std::vector<typename T::value_type>> &&
-     std::is_trivially_copyable_v<typename T::value_type>);
-
 namespace detail {
 template <backend Backend>
 class comm_ops;
@@ -71,9 +66,11 @@ struct elastic_access;
 }  // namespace detail
 
 template <backend Backend>
-class communicator {
+class communicator : public object_collectives<communicator<Backend>> {
   using ops_type = detail::comm_ops<Backend>;
   friend ops_type;
+  friend class object_collectives<communicator>;  // object_collectives.hpp
+  friend class detail::object_ops<Backend>;       // impl/object_collectives.hpp
   friend struct detail::elastic_access<Backend>;  // grow (elastic.hpp)
 
  public:
@@ -446,28 +443,8 @@ class communicator {
   }
 
   // ------------------------------------------------------------ objects
-  // No algorithm to choose: op_options::algorithm must stay automatic.
-
-  // obj becomes the root's value on every rank (strings and vectors may
-  // change size). Takes two sequence numbers (the size, then the payload).
-  template <object_value T, op_token Token = default_token_t>
-  auto broadcast_object(T& obj, int root, Token&& token = {}) const {
-    return broadcast_object(obj, root, op_options{}, std::forward<Token>(token));
-  }
-  template <object_value T, op_token Token = default_token_t>
-  auto broadcast_object(T& obj, int root, op_options o, Token&& token = {}) const {
-    return ops().broadcast_object(obj, root, o, std::forward<Token>(token));
-  }
-
-  // Every rank's obj, in rank order.
-  template <object_value T, completion_token_for<std::vector<T>> Token = default_token_t>
-  auto all_gather_object(const T& obj, Token&& token = {}) const {
-    return all_gather_object(obj, op_options{}, std::forward<Token>(token));
-  }
-  template <object_value T, completion_token_for<std::vector<T>> Token = default_token_t>
-  auto all_gather_object(const T& obj, op_options o, Token&& token = {}) const {
-    return ops().all_gather_object(obj, o, std::forward<Token>(token));
-  }
+  // broadcast_object, broadcast_object_list, all_gather_object,
+  // gather_object and scatter_object: object_collectives.hpp.
 
   // ------------------------------------------------------------- groups
 
@@ -526,3 +503,4 @@ class communicator {
 }  // namespace dcomm
 
 #include "dcomm/impl/communicator.hpp"
+#include "dcomm/impl/object_collectives.hpp"

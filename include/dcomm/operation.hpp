@@ -31,11 +31,14 @@ enum class operation : std::uint8_t {
   all_to_all_v,
   // Forms the communicator builds on those: their calls reach the backend
   // under these names, so that what fails is named as it was called.
-  isend,              // send, as a request
-  irecv,              // recv, as a request
-  broadcast_object,   // broadcasts of a size, then of the bytes
-  all_gather_object,  // all_gather_v of the bytes
-  split,              // all_gather of (color, key)
+  isend,                  // send, as a request
+  irecv,                  // recv, as a request
+  broadcast_object,       // an all_reduce of (size, type), then a broadcast of the bytes
+  all_gather_object,      // all_gather_v of the bytes
+  gather_object,          // an all_reduce of (size, type), then a gather of padded bytes
+  scatter_object,         // the same, then a scatter of padded bytes
+  broadcast_object_list,  // broadcast_object of a list every rank sizes alike
+  split,                  // all_gather of (color, key)
   // Recovery (docs/elastic.md): numbered apart from the collectives.
   agree,
   shrink,  // an agreement, then a group of the survivors
@@ -62,6 +65,9 @@ inline constexpr const char* operation_names[] = {"send",
                                                   "irecv",
                                                   "broadcast_object",
                                                   "all_gather_object",
+                                                  "gather_object",
+                                                  "scatter_object",
+                                                  "broadcast_object_list",
                                                   "split",
                                                   "agree",
                                                   "shrink",

@@ -2,7 +2,8 @@
 // expectations as the CPU backend's tests/cpu/collectives_test.cpp) on
 // the MPI backend, under the real mpirun with worlds 1, 3 and 4: every
 // collective, every dtype, counts 0, 1, 7, world-1, 1001 and large ones,
-// in place and out of place, functors, runtime-typed views and objects;
+// in place and out of place, functors, runtime-typed views and objects
+// (support/object_cases.hpp: every object collective);
 // and the RPC agent (dcomm/rpc.hpp) over MPI's point-to-point.
 #include <doctest/doctest.h>
 
@@ -15,6 +16,7 @@
 
 #include "mpi/mpi_world.hpp"
 #include "support/collective_cases.hpp"
+#include "support/object_cases.hpp"
 
 using namespace dcomm::test::cases;
 using dcomm::test::mpi_comm;
@@ -44,6 +46,12 @@ TEST_SUITE("mpi collectives") {
   TEST_CASE("custom functors, runtime-typed views and objects") {
     const std::string failure =
         run_on(mpi_world(), [](mpi_comm& comm) { return functors_views_objects(comm); });
+    CHECK_MESSAGE(failure.empty(), failure);
+  }
+
+  TEST_CASE("every object collective, every kind of value") {
+    const std::string failure =
+        run_on(mpi_world(), [](mpi_comm& comm) { return object_collectives(comm); });
     CHECK_MESSAGE(failure.empty(), failure);
   }
 

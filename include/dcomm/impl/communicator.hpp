@@ -20,7 +20,6 @@
 #include "dcomm/impl/call_identity.hpp"
 #include "dcomm/impl/checks.hpp"
 #include "dcomm/impl/initiate.hpp"
-#include "dcomm/impl/object_bytes.hpp"
 
 namespace dcomm::detail {
 
@@ -282,51 +281,6 @@ class comm_ops {
         });
   }
 
-  // ------------------------------------------------------------ objects
-
-  // The size, then the payload: two backend broadcasts, two numbers.
-  template <class T, class Token>
-  auto broadcast_object(T& obj, int root, op_options o, Token&& token) const {
-    auto bad = check([&] { checks().rank_in_range(root, operation::broadcast_object, "root"); });
-    auto ctx = context(operation::broadcast_object, o, bad);
-    auto data_seq = bad ? 0 : take_sequence_number(*c_.group_);  // the payload's own call
-    auto payload = rank() == root ? to_bytes(obj) : std::vector<std::uint8_t>{};
-    return launch<void>(c_.rt_, std::forward<Token>(token), bad, ctx,
-                        [&obj, root, data_seq, payload = std::move(payload)](
-                            Backend& b, const op_context& c) mutable -> task<void> {
-                          auto size = static_cast<std::int64_t>(payload.size());
-                          tensor_view size_view = mutable_view(std::span<std::int64_t>(&size, 1));
-                          co_await b.broadcast(c, size_view, root);
-                          payload.resize(static_cast<std::size_t>(size));
-                          op_context data = c;
-                          data.seq = data_seq;
-                          tensor_view payload_view = mutable_view(payload);
-                          co_await b.broadcast(data, payload_view, root);
-                          obj = from_bytes<T>(payload.data(), payload.size(),
-                                              operation::broadcast_object);
-                        });
-  }
-
-  template <class T, class Token>
-  auto all_gather_object(const T& obj, op_options o, Token&& token) const {
-    std::exception_ptr bad;
-    return collective<std::vector<T>>(
-        operation::all_gather_object, o, bad, std::forward<Token>(token),
-        [bytes = to_bytes(obj)](Backend& b, const op_context& c) -> task<std::vector<T>> {
-          std::vector<std::uint8_t> all;
-          const_tensor_view mine = view(bytes);
-          output_allocator alloc = resizing(all);
-          auto counts = co_await b.all_gather_v(c, mine, alloc);
-          std::vector<T> out;
-          std::size_t at = 0;
-          for (auto n : counts) {
-            out.push_back(from_bytes<T>(all.data() + at, n, operation::all_gather_object));
-            at += n;
-          }
-          co_return out;
-        });
-  }
-
   // ----------------------------------------------------------- recovery
 
   template <class Token>
@@ -337,8 +291,8 @@ class comm_ops {
       if (o.algorithm != algorithm::automatic)
         invalid(operation::agree, "agree has no algorithm to choose");
     });
-    op_context ctx = bad ? p2p_context(c_.group_, operation::agree, 0, o)
-                         : agreement_context(c_.group_, o);
+    op_context ctx =
+        bad ? p2p_context(c_.group_, operation::agree, 0, o) : agreement_context(c_.group_, o);
     // Not among the collectives in the flight recorder: its number is the
     // group's agreement count, not a collective's sequence number.
     return launch<agreement>(
@@ -409,7 +363,7 @@ class comm_ops {
         });
   }
 
- private:
+ protected:  // for object_ops (impl/object_collectives.hpp) too
   // What every member learnt from split's all_gather: each rank's (color,
   // key); this rank's group, made in the same order everywhere.
   std::optional<comm> join_split(std::array<std::int64_t, 2> mine,

@@ -1,0 +1,226 @@
+// What torch.distributed and MPI users reach for (docs/torch_and_mpi.md),
+// on the CPU backend.
+//
+// "cpu objects": the object collectives (object_collectives.hpp), every
+// kind of value in worlds 1-6 (thread worlds; the suite runs again over TCP
+// and as two hosts), in processes with the blocking, future, callback and
+// request tokens, and what they refuse: ranks passing different types,
+// roots or list lengths all fail with errc::mismatch and the group goes on;
+// bytes that do not parse fail on the ranks that read them; bad input fails
+// before anything is sent.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcomm/communicator.hpp"
+#include "dcomm/cpu_backend.hpp"
+#include "dcomm/init_process_group.hpp"
+#include "dcomm/spawn.hpp"
+#include "support/comm_world.hpp"
+#include "support/deadline.hpp"
+#include "support/object_cases.hpp"
+#include "support/text.hpp"
+
+using namespace std::chrono_literals;
+using dcomm::test::comm;
+using dcomm::test::contains;
+using dcomm::test::failure_of;
+using dcomm::test::require;
+
+namespace {
+
+// Writes one byte more than it reads: the receivers find it left over.
+struct overlong {
+  std::int32_t v = 0;
+};
+
+}  // namespace
+
+template <>
+struct dcomm::codec<overlong> {
+  static std::string name() { return "overlong"; }
+  static void write(dcomm::writer& w, const overlong& x) {
+    w(x.v);
+    w(std::uint8_t{0});
+  }
+  static void read(dcomm::reader& r, overlong& x) { r(x.v); }
+};
+
+namespace {
+
+// Every rank's failure of `op` must be a mismatch whose message has `text`;
+// then the group must still work (the first exchange completed everywhere).
+// `text` is a pointer: g++ 12 cannot pass a literal's array to a coroutine.
+template <class F>
+asio::awaitable<void> mismatch_then_go_on(comm& c, F op, const char* text) {
+  auto [code, what] = co_await failure_of(op);
+  require(code == dcomm::errc::mismatch, "expected a mismatch, got '" + what + "'");
+  require(contains(what, text), "'" + what + "' does not say '" + std::string(text) + "'");
+  auto ranks = co_await c.all_gather_object(c.rank());
+  require(ranks.size() == static_cast<std::size_t>(c.size()), "the group goes on");
+}
+
+}  // namespace
+
+TEST_SUITE("cpu objects") {
+  TEST_CASE("every object collective, every kind of value, worlds 1-6") {
+    DCOMM_TEST_DEADLINE(120s);
+    for (int world = 1; world <= 6; ++world) {
+      CAPTURE(world);
+      DCOMM_REQUIRE_WORLD(world,
+                          [](comm& c, int) { return dcomm::test::cases::object_collectives(c); });
+    }
+  }
+
+  TEST_CASE("ranks passing different types, roots or lengths all fail with mismatch") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      // Types: rank 1 passes a string where the others pass an int.
+      co_await mismatch_then_go_on(
+          c,
+          [&]() -> asio::awaitable<void> {
+            if (r == 1) {
+              std::string s = "a string";
+              co_await c.broadcast_object(s, 0);
+            } else {
+              std::int32_t v = 7;
+              co_await c.broadcast_object(v, 0);
+            }
+          },
+          r == 1 ? "ranks {0}" : "ranks {1}");
+      co_await mismatch_then_go_on(
+          c,
+          [&]() -> asio::awaitable<void> {
+            if (r == 2)
+              (void)co_await c.all_gather_object(std::string("x"));
+            else
+              (void)co_await c.all_gather_object(std::int64_t{1});
+          },
+          r == 2 ? "ranks {0,1}" : "ranks {2}");
+      co_await mismatch_then_go_on(
+          c,
+          [&]() -> asio::awaitable<void> {
+            const std::vector<int> ints(1, 1);  // named: g++ 12 and braced temporaries
+            const std::vector<float> floats(1, 1.0f);
+            if (r == 0)
+              (void)co_await c.gather_object(ints, 2);
+            else
+              (void)co_await c.gather_object(floats, 2);
+          },
+          "another type, root or list length");
+      // Roots: rank 0 names root 0, the others root 1.
+      co_await mismatch_then_go_on(
+          c,
+          [&]() -> asio::awaitable<void> {
+            std::vector<std::string> in(3, "v");
+            (void)co_await c.scatter_object(in, r == 0 ? 0 : 1);
+          },
+          "another type, root or list length");
+      // Lengths: broadcast_object_list wants one length everywhere.
+      co_await mismatch_then_go_on(
+          c,
+          [&]() -> asio::awaitable<void> {
+            std::vector<std::string> list(r == 2 ? 2 : 3);
+            co_await c.broadcast_object_list(list, 0);
+          },
+          "list length");
+    });
+  }
+
+  TEST_CASE("bytes that do not parse as the type fail on the ranks that read them") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(3, [](comm& c, int r) -> asio::awaitable<void> {
+      overlong x{r == 1 ? 5 : 0};
+      auto [code, what] = co_await failure_of(
+          [&]() -> asio::awaitable<void> { co_await c.broadcast_object(x, 1); });
+      if (r == 1) {
+        require(code == dcomm::errc{}, "the root reads nothing: " + what);
+      } else {
+        require(code == dcomm::errc::mismatch, "expected a mismatch, got '" + what + "'");
+        require(contains(what, "rank 1") && contains(what, "left over"), what);
+      }
+      auto all = co_await c.all_gather_object(std::string("after"));
+      require(all.size() == 3, "the group goes on");
+    });
+  }
+
+  TEST_CASE("bad input fails before anything is sent, and takes no sequence number") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(2, [](comm& c, int r) -> asio::awaitable<void> {
+      auto refused = [](auto f) -> asio::awaitable<std::string> {
+        auto [code, what] = co_await failure_of(f);
+        require(code == dcomm::errc::invalid_argument, "expected invalid_argument: '" + what + "'");
+        co_return what;
+      };
+      std::string s;
+      auto what =
+          co_await refused([&]() -> asio::awaitable<void> { co_await c.broadcast_object(s, 2); });
+      require(contains(what, "broadcast_object") && contains(what, "root"), what);
+      what = co_await refused(
+          [&]() -> asio::awaitable<void> { (void)co_await c.gather_object(s, -1); });
+      require(contains(what, "gather_object"), what);
+      what = co_await refused([&]() -> asio::awaitable<void> {
+        (void)co_await c.all_gather_object(s,
+                                           dcomm::op_options{.algorithm = dcomm::algorithm::ring});
+      });
+      require(contains(what, "no algorithm to choose"), what);
+      if (r == 0) {  // the root alone refuses: the other rank does not call
+        what = co_await refused([&]() -> asio::awaitable<void> {
+          (void)co_await c.scatter_object(std::vector<std::string>(3), 0);
+        });
+        require(contains(what, "one value per rank: 3 for a group of 2"), what);
+      }
+      // None took a number: the next call matches.
+      std::vector<std::string> in{"zero", "one"};
+      auto mine = co_await c.scatter_object(in, 0);
+      require(mine == (r == 0 ? "zero" : "one"), "scatter_object after the refusals: " + mine);
+    });
+  }
+
+  TEST_CASE("in processes: blocking, future and callback tokens") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::spawn(
+        3,
+        [](int rank, int world) {
+          auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s});
+          std::map<std::string, int> config;
+          if (rank == 2) config = {{"epochs", 3}, {"world", world}};
+          c.broadcast_object(config, 2, dcomm::blocking);
+          if (config != std::map<std::string, int>{{"epochs", 3}, {"world", 3}}) return 2;
+          auto names = c.gather_object("rank " + std::to_string(rank), 0, dcomm::blocking);
+          if (rank == 0 && names != std::vector<std::string>{"rank 0", "rank 1", "rank 2"})
+            return 3;
+          std::vector<std::vector<int>> shards;
+          if (rank == 1) shards = {{0}, {1, 1}, {}};
+          auto shard = c.scatter_object(shards, 1, asio::use_future).get();
+          if (shard != std::vector<int>(static_cast<std::size_t>(rank == 2 ? 0 : rank + 1), rank))
+            return 4;
+          std::promise<std::vector<std::set<int>>> got;
+          c.all_gather_object(std::set<int>{rank, -rank},
+                              [&](std::exception_ptr e, std::vector<std::set<int>> v) {
+                                if (e)
+                                  got.set_exception(e);
+                                else
+                                  got.set_value(std::move(v));
+                              });
+          auto sets = got.get_future().get();
+          for (int p = 0; p < world; ++p)
+            if (sets[static_cast<std::size_t>(p)] != std::set<int>{p, -p}) return 5;
+          std::vector<std::string> list(2);
+          if (rank == 0) list = {"a", "b"};
+          c.broadcast_object_list(list, 0, dcomm::as_request).wait();
+          if (list != std::vector<std::string>{"a", "b"}) return 6;
+          return 0;
+        },
+        {.timeout = 60s});
+  }
+}
