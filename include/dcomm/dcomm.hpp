@@ -8,6 +8,7 @@
 #include "dcomm/completion.hpp"
 #include "dcomm/cpu_backend.hpp"
 #include "dcomm/data_partitioner.hpp"
+#include "dcomm/default_group.hpp"
 #include "dcomm/distributed_sampler.hpp"
 #include "dcomm/dtype.hpp"
 #include "dcomm/error.hpp"

@@ -21,6 +21,7 @@
 #include "dcomm/backend.hpp"
 #include "dcomm/communicator.hpp"
 #include "dcomm/completion.hpp"
+#include "dcomm/default_group.hpp"
 #include "dcomm/error.hpp"
 #include "dcomm/init_method.hpp"
 #include "dcomm/option_string.hpp"
@@ -46,6 +47,9 @@ struct init_options {
   // Where rank 0's store server listens; empty: every interface.
   option_string store_bind_host = "";
   typename Backend::options backend{};
+  // Makes the world group the process's default (default_group.hpp:
+  // get_rank(), default_group<Backend>(), destroy_process_group()).
+  bool set_default = false;
   // The environment to read instead of the process's (tests inject one);
   // it must outlive the call. Null: the process's.
   const env_lookup* env = nullptr;
@@ -161,7 +165,9 @@ asio::awaitable<communicator<Backend>> connect_world(std::shared_ptr<store> s, i
   rt->rendezvous_store = std::move(s);
   rt->timeline = std::move(timeline);
   dump_on_signal(*rt);
-  co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
+  auto world_group = communicator<Backend>::make_world(std::move(rt), o.timeout);
+  if (o.set_default) set_default_group(world_group);
+  co_return world_group;
 }
 
 // With DCOMM_TRACE_DIR set, SIGUSR1 writes this process's flight recorder
@@ -303,7 +309,9 @@ asio::awaitable<communicator<Backend>> join_without_store(init_options<Backend> 
     rt->thread = std::move(thread);
     rt->timeline = trace::timeline::from_environment(rank);
     dump_on_signal(*rt);
-    co_return communicator<Backend>::make_world(std::move(rt), o.timeout);
+    auto world_group = communicator<Backend>::make_world(std::move(rt), o.timeout);
+    if (o.set_default) set_default_group(world_group);
+    co_return world_group;
   } catch (...) {
     failure = std::current_exception();
   }

@@ -8,7 +8,9 @@
 // roots or list lengths all fail with errc::mismatch and the group goes on;
 // bytes that do not parse fail on the ranks that read them; bad input fails
 // before anything is sent.
-
+//
+// "default group": default_group.hpp, in processes (the default is the
+// process's), from several threads at once.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -23,6 +25,7 @@
 
 #include "dcomm/communicator.hpp"
 #include "dcomm/cpu_backend.hpp"
+#include "dcomm/default_group.hpp"
 #include "dcomm/init_process_group.hpp"
 #include "dcomm/spawn.hpp"
 #include "support/comm_world.hpp"
@@ -222,5 +225,84 @@ TEST_SUITE("cpu objects") {
           return 0;
         },
         {.timeout = 60s});
+  }
+}
+
+TEST_SUITE("default group") {
+  TEST_CASE("set by init_process_group, read from anywhere, cleared by destroy_process_group") {
+    DCOMM_TEST_DEADLINE(90s);
+    dcomm::spawn(
+        3,
+        [](int rank, int world) {
+          if (dcomm::is_initialized()) return 2;
+          try {
+            (void)dcomm::get_rank();
+            return 3;
+          } catch (const dcomm::error& e) {
+            if (e.code() != dcomm::errc::invalid_argument ||
+                !contains(e.what(), "set_default = true"))
+              return 4;
+          }
+          dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 30s, .set_default = true});
+          if (!dcomm::is_initialized() || dcomm::get_rank() != rank ||
+              dcomm::get_world_size() != world)
+            return 5;
+          // From any function: no handle passed.
+          auto c = dcomm::default_group<dcomm::cpu_backend>();
+          std::vector<int> one{1};
+          c.all_reduce(one, dcomm::sum, dcomm::blocking);
+          if (one[0] != world) return 6;
+          // A group of its own replaces it: ranks 0 and 2.
+          auto pair = c.new_group({0, 2});
+          if (pair) {
+            dcomm::set_default_group(*pair);
+            if (dcomm::get_world_size() != 2 || dcomm::get_rank() != rank / 2) return 7;
+            dcomm::default_group<dcomm::cpu_backend>().barrier(dcomm::blocking);
+            dcomm::set_default_group(c);
+          }
+          if (dcomm::get_world_size() != world) return 8;
+          c.barrier(dcomm::blocking);
+          dcomm::destroy_process_group();
+          if (dcomm::is_initialized()) return 9;
+          dcomm::destroy_process_group();  // none: nothing to do
+          try {
+            (void)dcomm::default_group<dcomm::cpu_backend>();
+            return 10;
+          } catch (const dcomm::error& e) {
+            if (e.code() != dcomm::errc::invalid_argument) return 11;
+          }
+          c.barrier(dcomm::blocking);  // the program's own handle still works
+          return 0;
+        },
+        {.timeout = 60s});
+  }
+
+  TEST_CASE("read and replaced from several threads at once") {
+    DCOMM_TEST_DEADLINE(60s);
+    DCOMM_REQUIRE_WORLD(1, [](comm& c, int) -> asio::awaitable<void> {
+      std::atomic<bool> stop{false};
+      std::atomic<int> wrong{0};
+      std::vector<std::thread> readers;
+      for (int t = 0; t < 3; ++t)
+        readers.emplace_back([&] {
+          while (!stop)
+            if (dcomm::is_initialized()) {
+              try {
+                if (dcomm::default_group<dcomm::cpu_backend>().size() != 1) ++wrong;
+                if (dcomm::get_world_size() != 1) ++wrong;
+              } catch (const dcomm::error&) {  // destroyed between the two: allowed
+              }
+            }
+        });
+      for (int i = 0; i < 2000; ++i) {
+        dcomm::set_default_group(c);
+        if (i % 3 == 0) dcomm::destroy_process_group();
+      }
+      stop = true;
+      for (auto& t : readers) t.join();
+      dcomm::destroy_process_group();
+      require(wrong == 0, std::to_string(wrong.load()) + " wrong answers");
+      co_return;
+    });
   }
 }
