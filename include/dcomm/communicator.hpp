@@ -58,9 +58,29 @@
 
 namespace dcomm {
 
+// One operation of batch_isend_irecv (torch's P2POp): made by isend_op
+// or irecv_op; the buffer must stay alive until its request is done.
+struct p2p_op {
+  bool is_send = true;
+  const_tensor_view send_buffer{};
+  tensor_view recv_buffer{};
+  int peer = -1;
+  int tag = 0;
+};
+template <tensor T>
+p2p_op isend_op(const T& t, int peer, int tag = 0) {
+  return {.is_send = true, .send_buffer = view(t), .peer = peer, .tag = tag};
+}
+template <mutable_tensor T>
+p2p_op irecv_op(T&& t, int peer, int tag = 0) {
+  return {.is_send = false, .recv_buffer = mutable_view(t), .peer = peer, .tag = tag};
+}
+
 namespace detail {
 template <backend Backend>
 class comm_ops;
+template <backend Backend>
+class composed_ops;
 template <backend Backend>
 struct elastic_access;
 }  // namespace detail
@@ -71,6 +91,7 @@ class communicator : public object_collectives<communicator<Backend>> {
   friend ops_type;
   friend class object_collectives<communicator>;  // object_collectives.hpp
   friend class detail::object_ops<Backend>;       // impl/object_collectives.hpp
+  friend class detail::composed_ops<Backend>;     // impl/composed_ops.hpp
   friend struct detail::elastic_access<Backend>;  // grow (elastic.hpp)
 
  public:
@@ -232,6 +253,41 @@ class communicator : public object_collectives<communicator<Backend>> {
     return ops().recv(operation::irecv, mutable_view(t), src, tag, o, as_request);
   }
 
+  // MPI_Sendrecv: sends send_buf to dst and receives recv_buf from src at
+  // once, one tag for both (a ring's shift without the deadlock of
+  // send-then-recv on every rank). dst and src may both be this rank (a
+  // copy; sizes must match); one of them alone may not.
+  template <tensor S, mutable_tensor R, completion_token_for Token = default_token_t>
+  auto sendrecv(const S& send_buf, int dst, R&& recv_buf, int src, Token&& token = {}) const {
+    return sendrecv(send_buf, dst, std::forward<R>(recv_buf), src, 0, op_options{},
+                    std::forward<Token>(token));
+  }
+  template <tensor S, mutable_tensor R, completion_token_for Token = default_token_t>
+  auto sendrecv(const S& send_buf, int dst, R&& recv_buf, int src, int tag, op_options o,
+                Token&& token = {}) const {
+    return composed().sendrecv(view(send_buf), dst, mutable_view(recv_buf), src, tag, o,
+                               std::forward<Token>(token));
+  }
+  // MPI_Sendrecv_replace: sends buf's elements and receives into buf.
+  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  auto sendrecv_replace(T&& buf, int dst, int src, Token&& token = {}) const {
+    return sendrecv_replace(std::forward<T>(buf), dst, src, 0, op_options{},
+                            std::forward<Token>(token));
+  }
+  template <mutable_tensor T, completion_token_for Token = default_token_t>
+  auto sendrecv_replace(T&& buf, int dst, int src, int tag, op_options o,
+                        Token&& token = {}) const {
+    return composed().sendrecv_replace(mutable_view(buf), dst, src, tag, o,
+                                       std::forward<Token>(token));
+  }
+
+  // torch's batch_isend_irecv: every operation checked first (a bad one
+  // throws errc::invalid_argument and none starts), then all started at
+  // once; their requests, in order (dcomm::wait_all, request.hpp).
+  std::vector<request> batch_isend_irecv(std::span<const p2p_op> list, op_options o = {}) const {
+    return composed().batch_isend_irecv(list, o);
+  }
+
   // -------------------------------------------------------- collectives
 
   template <op_token Token = default_token_t>
@@ -301,6 +357,23 @@ class communicator : public object_collectives<communicator<Backend>> {
     detail::same_element<In, Out>();
     return ops().template all_reduce<element_t<In>>(view(in), mutable_view(out), op, o,
                                                     std::forward<Token>(token));
+  }
+
+  // torch's all_reduce_coalesced: several buffers of one dtype reduced in
+  // one call (packed into one; builtin ops). Host memory.
+  template <class Op, op_token Token = default_token_t>
+  requires(!tensor<Op>) auto all_reduce_coalesced(std::span<const tensor_view> bufs, const Op& op,
+                                                  op_options o = {}, Token&& token = {}) const {
+    return composed().all_reduce_coalesced(std::vector<tensor_view>(bufs.begin(), bufs.end()), op,
+                                           o, std::forward<Token>(token));
+  }
+
+  // torch's monitored_barrier: a barrier whose deadline is `timeout`; its
+  // errc::timeout names every rank that had not come (wait_all_ranks=True
+  // is how it always reports).
+  template <op_token Token = default_token_t>
+  auto monitored_barrier(std::chrono::milliseconds timeout, Token&& token = {}) const {
+    return barrier(op_options{.timeout = timeout}, std::forward<Token>(token));
   }
 
   // in (root): size() blocks of out's size; block i goes to rank i.
@@ -493,6 +566,7 @@ class communicator : public object_collectives<communicator<Backend>> {
       : rt_(std::move(rt)), owner_(std::move(owner)), group_(std::move(g)) {}
 
   ops_type ops() const { return ops_type(*this); }
+  detail::composed_ops<Backend> composed() const { return detail::composed_ops<Backend>(*this); }
 
   std::shared_ptr<runtime> rt_;
   std::shared_ptr<closer> owner_;
@@ -503,4 +577,5 @@ class communicator : public object_collectives<communicator<Backend>> {
 }  // namespace dcomm
 
 #include "dcomm/impl/communicator.hpp"
+#include "dcomm/impl/composed_ops.hpp"
 #include "dcomm/impl/object_collectives.hpp"

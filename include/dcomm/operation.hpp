@@ -38,6 +38,8 @@ enum class operation : std::uint8_t {
   gather_object,          // an all_reduce of (size, type), then a gather of padded bytes
   scatter_object,         // the same, then a scatter of padded bytes
   broadcast_object_list,  // broadcast_object of a list every rank sizes alike
+  sendrecv,               // a send and a receive at once (MPI_Sendrecv)
+  all_reduce_coalesced,   // one all_reduce of several buffers, packed
   split,                  // all_gather of (color, key)
   // Recovery (docs/elastic.md): numbered apart from the collectives.
   agree,
@@ -68,6 +70,8 @@ inline constexpr const char* operation_names[] = {"send",
                                                   "gather_object",
                                                   "scatter_object",
                                                   "broadcast_object_list",
+                                                  "sendrecv",
+                                                  "all_reduce_coalesced",
                                                   "split",
                                                   "agree",
                                                   "shrink",
@@ -90,10 +94,10 @@ constexpr std::optional<operation> parse_operation(std::string_view text) noexce
 }
 
 // Every rank of the group takes part (all but send, recv and their request
-// forms).
+// and sendrecv forms).
 constexpr bool is_collective(operation op) noexcept {
   return op != operation::send && op != operation::recv && op != operation::isend &&
-         op != operation::irecv;
+         op != operation::irecv && op != operation::sendrecv;
 }
 
 }  // namespace dcomm

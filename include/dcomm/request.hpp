@@ -4,10 +4,16 @@
 // the communicator's machinery (impl/initiate.hpp) calls.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -19,6 +25,22 @@ namespace dcomm {
 
 namespace detail {
 struct request_access;
+
+// Told when any of the requests it watches finishes (wait_any).
+struct request_watch {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool fired = false;
+  std::function<void()> also;  // set before it watches anything; async_wait_any's wake-up
+  void fire() {
+    {
+      std::lock_guard lock(mutex);
+      fired = true;
+    }
+    cv.notify_all();
+    if (also) also();
+  }
+};
 }  // namespace detail
 
 // The token that makes an operation without a result start at once and
@@ -128,7 +150,8 @@ class request {
     std::condition_variable cv;
     bool done = false;
     std::exception_ptr failure;
-    std::vector<asio::steady_timer*> waiters;  // only touched on `executor`
+    std::vector<asio::steady_timer*> waiters;                     // only touched on `executor`
+    std::vector<std::shared_ptr<detail::request_watch>> watches;  // under `mutex`
   };
 
   explicit request(std::shared_ptr<state> s) : state_(std::move(s)) {}
@@ -137,15 +160,18 @@ class request {
   // executor: a request may outlive it, an Asio executor may not.
   static void finish(const std::shared_ptr<state>& s, std::exception_ptr e) {
     asio::any_io_executor released;
+    std::vector<std::shared_ptr<detail::request_watch>> watches;
     {
       std::lock_guard lock(s->mutex);
       s->done = true;
       s->failure = std::move(e);
       released = std::move(s->executor);
       s->executor = asio::system_executor();
+      watches = std::move(s->watches);
     }
     s->cv.notify_all();
     for (auto* t : s->waiters) t->cancel();
+    for (auto& w : watches) w->fire();
   }
 
   DCOMM_EMIT_ON_USE static asio::awaitable<void> wait_op(std::shared_ptr<state> s);
@@ -200,6 +226,26 @@ namespace detail {
 // Starts `op` on `executor` and returns its request: the one way a request
 // is made, so that its state stays private to this header.
 struct request_access {
+  // Registers `w` to be fired when r finishes; false (and nothing
+  // registered) if it has already.
+  static bool watch(const request& r, const std::shared_ptr<request_watch>& w) {
+    std::lock_guard lock(r.state_->mutex);
+    if (r.state_->done) return false;
+    r.state_->watches.push_back(w);
+    return true;
+  }
+  static void unwatch(const request& r, const std::shared_ptr<request_watch>& w) {
+    std::lock_guard lock(r.state_->mutex);
+    std::erase(r.state_->watches, w);
+  }
+  // The executor of a request not done yet (done: the system executor).
+  static asio::any_io_executor executor_of(const request& r) {
+    std::lock_guard lock(r.state_->mutex);
+    return r.state_->executor;
+  }
+  static detail::clock::time_point deadline_of(const request& r) { return r.state_->deadline; }
+  static void check_valid(const request& r) { r.check_valid(); }
+
   static request start(asio::any_io_executor executor, const char* operation,
                        detail::clock::time_point deadline, task<void> op) {
     auto s = std::make_shared<request::state>();
@@ -255,6 +301,192 @@ DCOMM_DECL void request_access::start_task(const asio::any_io_executor& executor
 #endif
 
 }  // namespace detail
+
+// ------------------------------------------------- several requests at once
+// MPI's Waitall/Waitany/Testall/Testany/Testsome; torch's `for w in works:
+// w.wait()`. Requests of different communicators may be mixed.
+
+// Whether every one has finished (successfully or not).
+inline bool test_all(std::span<const request> rs) {
+  return std::all_of(rs.begin(), rs.end(), [](const request& r) { return r.test(); });
+}
+// The index of the first that has finished, if any.
+inline std::optional<std::size_t> test_any(std::span<const request> rs) {
+  for (std::size_t i = 0; i < rs.size(); ++i)
+    if (rs[i].test()) return i;
+  return std::nullopt;
+}
+// The indices of those that have finished, ascending.
+inline std::vector<std::size_t> test_some(std::span<const request> rs) {
+  std::vector<std::size_t> done;
+  for (std::size_t i = 0; i < rs.size(); ++i)
+    if (rs[i].test()) done.push_back(i);
+  return done;
+}
+
+// Waits for every one; then rethrows the first failure in list order (all
+// have finished by then, so no buffer is still in use).
+inline void wait_all(std::span<const request> rs) {
+  std::exception_ptr first;
+  for (const auto& r : rs) {
+    try {
+      r.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+namespace detail {
+inline void check_requests(std::span<const request> rs, const char* operation) {
+  if (rs.empty())
+    throw_error(errc::invalid_argument, {.operation = operation, .detail = "no requests"});
+  for (const auto& r : rs) request_access::check_valid(r);
+}
+// The latest deadline of those not finished: a wait for any of them ends
+// by then, one way or the other.
+inline clock::time_point latest_deadline(std::span<const request> rs) {
+  auto latest = clock::time_point::min();
+  for (const auto& r : rs) latest = std::max(latest, request_access::deadline_of(r));
+  return latest + blocking_grace;
+}
+}  // namespace detail
+
+// Blocks until one has finished and returns the lowest such index; it does
+// not rethrow (that request's wait() does). Not on the thread that runs a
+// communicator of these requests (co_await async_wait_any there).
+inline std::size_t wait_any(std::span<const request> rs) {
+  detail::check_requests(rs, "wait_any");
+  if (auto i = test_any(rs)) return *i;
+  auto w = std::make_shared<detail::request_watch>();
+  std::vector<asio::any_io_executor> executors;
+  for (const auto& r : rs) executors.push_back(detail::request_access::executor_of(r));
+  for (const auto& ex : executors)
+    if (detail::running_in_this_thread(ex))
+      throw_error(errc::invalid_argument,
+                  {.operation = "wait_any",
+                   .detail = "blocking wait on the thread that runs the communicator; use "
+                             "co_await dcomm::async_wait_any(requests)"});
+  bool all_watched = true;
+  for (const auto& r : rs) all_watched = detail::request_access::watch(r, w) && all_watched;
+  for (const auto& ex : executors)
+    if (auto* drive = detail::io_drive::of(ex)) drive->hand_back();
+  if (all_watched) {
+    std::unique_lock lock(w->mutex);
+    w->cv.wait_until(lock, detail::latest_deadline(rs), [&] { return w->fired; });
+  }
+  for (const auto& r : rs) detail::request_access::unwatch(r, w);
+  if (auto i = test_any(rs)) return *i;
+  throw_error(errc::timeout, {.operation = "wait_any",
+                              .detail = "none of the operations completed; is anything running "
+                                        "the communicators' executors?"});
+}
+
+namespace detail {
+// async_wait_any's coroutine, on a strand of a pending request's executor:
+// a finishing request posts the cancel of its timer there, after the
+// coroutine's check and wait (the strand orders them), so no wake-up is lost.
+inline asio::awaitable<std::size_t> wait_any_op(std::vector<request> rs) {
+  auto ex = co_await asio::this_coro::executor;
+  auto timer = std::make_shared<asio::steady_timer>(ex, latest_deadline(rs));
+  auto w = std::make_shared<request_watch>();
+  w->also = [ex, timer] { asio::post(ex, [timer] { timer->cancel(); }); };
+  for (const auto& r : rs) request_access::watch(r, w);
+  std::optional<std::size_t> done;
+  for (;;) {
+    done = test_any(rs);
+    if (done) break;
+    asio::error_code ec;
+    co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec) break;  // the deadline
+  }
+  for (const auto& r : rs) request_access::unwatch(r, w);
+  if (!done) done = test_any(rs);
+  if (!done)
+    throw_error(errc::timeout,
+                {.operation = "wait_any", .detail = "none of the operations completed"});
+  co_return *done;
+}
+inline asio::awaitable<void> wait_all_op(std::vector<request> rs) {
+  std::exception_ptr first;
+  for (const auto& r : rs) {
+    try {
+      co_await r.async_wait(asio::use_awaitable);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+// A strand of the first pending request's executor; none if all are done.
+inline asio::any_io_executor wait_executor(std::span<const request> rs) {
+  for (const auto& r : rs)
+    if (!r.test()) return asio::make_strand(request_access::executor_of(r));
+  return {};
+}
+// Completes `token` with `args` now: on the handler's own executor, or at
+// once where it has none (a callback's or a future's system executor, whose
+// thread pool a forked child does not have).
+template <class Signature, class Token, class... Args>
+auto complete_at_once(Token&& token, Args... args) {
+  // The arguments as one tuple: g++ 12 cannot capture a pack in a lambda
+  // inside a generic lambda.
+  return asio::async_initiate<Token, Signature>(
+      [](auto handler, auto values) {
+        auto ex = asio::get_associated_executor(handler);
+        auto call = [h = std::move(handler), v = std::move(values)]() mutable {
+          std::apply([&](auto&... x) { std::move(h)(std::move(x)...); }, v);
+        };
+        if constexpr (std::is_same_v<decltype(ex), asio::system_executor>)
+          call();
+        else
+          asio::post(ex, std::move(call));
+      },
+      token, std::make_tuple(std::move(args)...));
+}
+}  // namespace detail
+
+// wait_all and wait_any for any completion token: co_await, a callback
+// (void(std::exception_ptr) and void(std::exception_ptr, std::size_t)),
+// asio::use_future, dcomm::blocking.
+template <completion_token_for Token = default_token_t>
+auto async_wait_all(std::span<const request> rs, Token&& token = {}) {
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
+    return wait_all(rs);
+  } else {
+    for (const auto& r : rs) detail::request_access::check_valid(r);
+    auto ex = detail::wait_executor(rs);  // none: all are done
+    if (!ex) {
+      std::exception_ptr first;
+      try {
+        wait_all(rs);
+      } catch (...) {
+        first = std::current_exception();
+      }
+      return detail::complete_at_once<void(std::exception_ptr)>(std::forward<Token>(token), first);
+    }
+    std::vector<request> held(rs.begin(), rs.end());
+    return detail::spawn(ex, detail::wait_all_op(std::move(held)), std::forward<Token>(token));
+  }
+}
+template <completion_token_for<std::size_t> Token = default_token_t>
+auto async_wait_any(std::span<const request> rs, Token&& token = {}) {
+  detail::check_requests(rs, "wait_any");
+  if constexpr (std::is_same_v<std::decay_t<Token>, blocking_t>) {
+    return wait_any(rs);
+  } else {
+    auto done = test_any(rs);
+    auto ex = done ? asio::any_io_executor() : detail::wait_executor(rs);
+    if (!ex) {  // one is done (or all finished meanwhile)
+      if (!done) done = test_any(rs);
+      return detail::complete_at_once<void(std::exception_ptr, std::size_t)>(
+          std::forward<Token>(token), std::exception_ptr{}, *done);
+    }
+    std::vector<request> held(rs.begin(), rs.end());
+    return detail::spawn(ex, detail::wait_any_op(std::move(held)), std::forward<Token>(token));
+  }
+}
 
 }  // namespace dcomm
 

@@ -55,6 +55,34 @@ TEST_SUITE("mpi collectives") {
     CHECK_MESSAGE(failure.empty(), failure);
   }
 
+  TEST_CASE("sendrecv, batch_isend_irecv with wait_all, all_reduce_coalesced") {
+    const std::string failure = run_on(mpi_world(), [](mpi_comm& comm) -> asio::awaitable<void> {
+      const int n = comm.size(), r = comm.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+      std::vector<float> out(1001, static_cast<float>(r)), in(1001);
+      co_await comm.sendrecv(out, next, in, prev);
+      if (in != std::vector<float>(1001, static_cast<float>(prev)))
+        throw dcomm::test::check_failed("sendrecv");
+      std::vector<std::int64_t> buf(3, r);
+      co_await comm.sendrecv_replace(buf, next, prev, 5, {});
+      if (buf != std::vector<std::int64_t>(3, prev))
+        throw dcomm::test::check_failed("sendrecv_replace");
+      if (n > 1) {
+        std::vector<std::int32_t> x(7, r), got(7, -1);
+        std::vector<dcomm::p2p_op> ring{dcomm::irecv_op(got, prev, 2), dcomm::isend_op(x, next, 2)};
+        auto reqs = comm.batch_isend_irecv(ring);
+        co_await dcomm::async_wait_all(reqs);
+        if (got != std::vector<std::int32_t>(7, prev))
+          throw dcomm::test::check_failed("batch_isend_irecv");
+      }
+      std::vector<double> a(2, 1.0), b(5, r);
+      std::vector<dcomm::tensor_view> bufs{dcomm::mutable_view(a), dcomm::mutable_view(b)};
+      co_await comm.all_reduce_coalesced(bufs, dcomm::sum);
+      if (a != std::vector<double>(2, n) || b != std::vector<double>(5, n * (n - 1) / 2.0))
+        throw dcomm::test::check_failed("all_reduce_coalesced");
+    });
+    CHECK_MESSAGE(failure.empty(), failure);
+  }
+
   TEST_CASE("rpc: calls, tensors and remote references over MPI") {
     const std::string failure = run_on(mpi_world(), [](mpi_comm& comm) -> asio::awaitable<void> {
       dcomm::rpc::registry f;

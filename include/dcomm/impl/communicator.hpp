@@ -363,7 +363,7 @@ class comm_ops {
         });
   }
 
- protected:  // for object_ops (impl/object_collectives.hpp) too
+ protected:  // for object_ops and composed_ops (impl/object_collectives.hpp, composed_ops.hpp)
   // What every member learnt from split's all_gather: each rank's (color,
   // key); this rank's group, made in the same order everywhere.
   std::optional<comm> join_split(std::array<std::int64_t, 2> mine,
