@@ -24,7 +24,7 @@
 #include "dcomm/rpc/codec.hpp"
 #include "dcomm/torch.hpp"
 
-namespace dcomm::rpc {
+namespace dcomm {  // dcomm::codec, which dcomm::rpc::codec names
 
 template <>
 struct codec<at::Tensor> {
@@ -130,4 +130,4 @@ struct codec<at::Tensor> {
   }
 };
 
-}  // namespace dcomm::rpc
+}  // namespace dcomm
