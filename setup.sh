@@ -124,8 +124,9 @@ run_tests() {
   # default (the backend's suites, linked from several translation units),
   # and runs the suites where ranks of one process share memory (the
   # lock-free rings and the arena; the rest of the backend is one strand
-  # per rank), co_await's immediate resumption, the flight recorder and the
-  # RPC agent (a blocking call from a plain thread). The builds that link
+  # per rank), co_await's immediate resumption, the flight recorder, the
+  # RPC agent (a blocking call from a plain thread), the default group (set
+  # and read from several threads) and wait_any's watches. The builds that link
   # compile the test programs as unity translation units (-Dunity=on: four
   # test files in one, what they include parsed and instantiated once);
   # clang checks each file alone, so that each includes what it uses.
@@ -135,7 +136,7 @@ run_tests() {
     "gcc|g++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dunity=on||"
     "clang|clang++|-Dwerror=true -Dbuildtype=debug -Dseparate_compilation=true -Dheader_tests=false -Dopenssl=disabled -Dtorch=disabled|syntax-only|"
     "sanitize|g++|-Dbuildtype=debug -Dseparate_compilation=true -Dunity=on -Db_sanitize=address,undefined -Dopenssl=disabled -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled||"
-    "tsan|g++|-Dbuildtype=debug -Dunity=on -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc,cpu elastic"
+    "tsan|g++|-Dbuildtype=debug -Dunity=on -Db_sanitize=thread -Dheader_tests=false -Dexamples=false -Dbench=false -Dtorch=disabled -Dmpi=disabled|tests/backend_tests|shared memory,cpu collectives,cpu groups,completion tokens,flight recorder,stragglers,rpc,cpu elastic,default group,cpu composed calls,cpu objects"
   )
   for b in "${builds[@]}"; do
     IFS='|' read -r name compiler options targets tests <<<"$b"

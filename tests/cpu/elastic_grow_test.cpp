@@ -129,6 +129,10 @@ TEST_SUITE("cpu elastic grow") {
           }
           auto c = co_await dcomm::init_process_group<dcomm::cpu_backend>(
               context.get_executor(), s, index, members, o, asio::use_awaitable);
+          // Every joiner waiting first: a joiner admitted by an earlier grow
+          // than the last one's would check a world without the later ones
+          // (seen under ASan, where joiners start slowly).
+          if (!co_await tickets_taken(*s, joiners)) co_return 6;
           // Steps, each ending in grow(), until every joiner is in.
           for (int step = 0; c.size() < members + joiners; ++step) {
             if (step > 4000) co_return 3;

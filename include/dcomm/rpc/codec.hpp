@@ -1,7 +1,8 @@
 // Remote calls' bytes (dcomm/rpc.hpp): the codec every value goes through
 // is dcomm's own (dcomm/codec.hpp, shared with the object collectives),
 // named here too, so that `dcomm::rpc::codec<T>` and `dcomm::codec<T>` are
-// the same template (either spelling specialises it). What is the RPC
+// the same template (either qualified spelling specialises it; an
+// unqualified specialisation must be in namespace dcomm). What is the RPC
 // layer's alone: the byte buffer of a call or a reply, what an argument
 // travels as, and the name of a result.
 #pragma once
