@@ -26,6 +26,19 @@ namespace dcomm {
 namespace detail {
 struct request_access;
 
+// Executors that run what they are given on Asio's system thread pool: a
+// plain callback's (asio::system_executor) and asio::use_future's. A forked
+// child inherits the pool's state but none of its threads, so a handler due
+// at once is called inline rather than handed to them.
+template <class E>
+struct on_system_pool : std::false_type {};
+template <class B, class R, class A>
+struct on_system_pool<asio::basic_system_executor<B, R, A>> : std::true_type {};
+template <class T, class B>
+struct on_system_pool<asio::detail::promise_executor<T, B>> : std::true_type {};
+template <class E>
+inline constexpr bool on_system_pool_v = on_system_pool<E>::value;
+
 // Told when any of the requests it watches finishes (wait_any).
 struct request_watch {
   std::mutex mutex;
@@ -130,10 +143,14 @@ class request {
               return;
             }
             // Finished: the request has let go of its executor, so the
-            // handler runs on its own (a coroutine's: its executor).
+            // handler runs on its own (a coroutine's: its executor), or at
+            // once where that is the system pool's (on_system_pool).
             auto target = asio::get_associated_executor(handler);
-            asio::post(target,
-                       [h = std::move(handler), failure]() mutable { std::move(h)(failure); });
+            if constexpr (detail::on_system_pool_v<decltype(target)>)
+              std::move(handler)(failure);
+            else
+              asio::post(target,
+                         [h = std::move(handler), failure]() mutable { std::move(h)(failure); });
           },
           token, state_);
     }
@@ -426,8 +443,7 @@ inline asio::any_io_executor wait_executor(std::span<const request> rs) {
   return {};
 }
 // Completes `token` with `args` now: on the handler's own executor, or at
-// once where it has none (a callback's or a future's system executor, whose
-// thread pool a forked child does not have).
+// once where that is the system pool's (on_system_pool).
 template <class Signature, class Token, class... Args>
 auto complete_at_once(Token&& token, Args... args) {
   // The arguments as one tuple: g++ 12 cannot capture a pack in a lambda
@@ -438,7 +454,7 @@ auto complete_at_once(Token&& token, Args... args) {
         auto call = [h = std::move(handler), v = std::move(values)]() mutable {
           std::apply([&](auto&... x) { std::move(h)(std::move(x)...); }, v);
         };
-        if constexpr (std::is_same_v<decltype(ex), asio::system_executor>)
+        if constexpr (on_system_pool_v<decltype(ex)>)
           call();
         else
           asio::post(ex, std::move(call));

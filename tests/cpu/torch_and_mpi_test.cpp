@@ -482,3 +482,28 @@ TEST_SUITE("cpu composed calls") {
     });
   }
 }
+
+TEST_SUITE("cpu composed calls") {
+  // asio::system_executor's pool is started in this process first; a
+  // forked rank inherits its state but none of its threads, so a request
+  // already done must not complete a future through it.
+  TEST_CASE("a finished request's async_wait completes a future in a forked rank") {
+    DCOMM_TEST_DEADLINE(60s);
+    std::promise<void> ran;
+    asio::post(asio::system_executor(), [&] { ran.set_value(); });
+    ran.get_future().get();
+    dcomm::spawn(2,
+                 [](int rank, int) {
+                   auto c = dcomm::init_process_group<dcomm::cpu_backend>({.timeout = 10s});
+                   std::vector<int> v(1, rank);
+                   auto r = rank == 0 ? c.isend(v, 1) : c.irecv(v, 0);
+                   r.wait();
+                   r.async_wait(asio::use_future).get();  // done already
+                   std::vector<dcomm::request> rs{r};
+                   dcomm::async_wait_all(rs, asio::use_future).get();
+                   return dcomm::async_wait_any(rs, asio::use_future).get() == 0 && v[0] == 0 ? 0
+                                                                                              : 2;
+                 },
+                 {.timeout = 30s});
+  }
+}
