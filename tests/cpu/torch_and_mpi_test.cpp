@@ -351,6 +351,12 @@ TEST_SUITE("cpu composed calls") {
       std::vector<int> two{r, r}, back(2);
       co_await c.sendrecv(two, r, back, r);
       require(back == two, "a copy to itself");
+      // sendrecv_replace copies what it sends in host memory: a device
+      // buffer is refused before anything is sent.
+      dcomm::tensor_view on_gpu{two.data(), 2, dcomm::dtype::int32, dcomm::device::cuda(0)};
+      std::tie(code, what) = co_await failure_of(
+          [&]() -> asio::awaitable<void> { co_await c.sendrecv_replace(on_gpu, other, other); });
+      require(code == dcomm::errc::invalid_argument && contains(what, "host"), what);
     });
   }
 

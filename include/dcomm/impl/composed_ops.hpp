@@ -39,9 +39,10 @@ class composed_ops : comm_ops<Backend> {
   // the receive awaited, then the send; both checked before either starts.
   template <class Token>
   auto sendrecv(const_tensor_view in, int dst, tensor_view out, int src, int tag, op_options o,
-                Token&& token, std::shared_ptr<void> keep = nullptr) const {
+                Token&& token, std::shared_ptr<void> keep = nullptr,
+                std::exception_ptr refused = nullptr) const {
     o = options(o);
-    auto bad = check([&] {
+    auto bad = refused ? refused : check([&] {
       check_options<Backend>(operation::sendrecv, o);
       if ((dst == rank()) != (src == rank()))
         invalid(operation::sendrecv, "dst " + std::to_string(dst) + " and src " +
@@ -65,15 +66,22 @@ class composed_ops : comm_ops<Backend> {
                     sendrecv_op(c_, bad, in, dst, out, src, tag, o, std::move(keep)),
                     std::forward<Token>(token), "sendrecv", limit);
   }
-  // The same buffer sent and received: what is sent is copied first.
+  // The same buffer sent and received: what is sent is copied first (in
+  // host memory: a device buffer is refused).
   template <class Token>
   auto sendrecv_replace(tensor_view buf, int dst, int src, int tag, op_options o,
                         Token&& token) const {
-    auto sent = std::make_shared<std::vector<std::byte>>(buf.bytes());
-    if (buf.device.type == device::kind::cpu && buf.bytes())
-      std::memcpy(sent->data(), buf.data, buf.bytes());
-    const_tensor_view copy{sent->data(), buf.count, buf.type, buf.device};
-    return sendrecv(copy, dst, buf, src, tag, o, std::forward<Token>(token), std::move(sent));
+    auto refused = check([&] {
+      if (buf.device.type != device::kind::cpu)
+        invalid(operation::sendrecv,
+                "sendrecv_replace copies what it sends in host memory: pass "
+                "a host buffer (or sendrecv from another buffer)");
+    });
+    auto sent = std::make_shared<std::vector<std::byte>>(refused ? 0 : buf.bytes());
+    if (!refused && buf.bytes()) std::memcpy(sent->data(), buf.data, buf.bytes());
+    const_tensor_view copy{sent->data(), refused ? 0 : buf.count, buf.type, {}};
+    return sendrecv(copy, dst, buf, src, tag, o, std::forward<Token>(token), std::move(sent),
+                    refused);
   }
 
   std::vector<request> batch_isend_irecv(std::span<const p2p_op> list, op_options o) const {

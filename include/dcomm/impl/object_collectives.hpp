@@ -44,7 +44,7 @@ inline std::int64_t object_fingerprint(const std::string& type, int root, std::u
 }
 
 // What a mismatch of fingerprints says: the ranks that differ from the
-// root (or from rank 0), and what this rank passed.
+// root, and what this rank passed.
 [[noreturn]] inline void objects_differ(operation op, const std::vector<int>& differ,
                                         const std::string& mine) {
   throw_error(errc::mismatch,
