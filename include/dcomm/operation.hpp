@@ -33,9 +33,9 @@ enum class operation : std::uint8_t {
   // under these names, so that what fails is named as it was called.
   isend,                  // send, as a request
   irecv,                  // recv, as a request
-  broadcast_object,       // an all_reduce of (size, type), then a broadcast of the bytes
+  broadcast_object,       // an all_gather of (size, type), then a broadcast of the bytes
   all_gather_object,      // all_gather_v of the bytes
-  gather_object,          // an all_reduce of (size, type), then a gather of padded bytes
+  gather_object,          // an all_gather of (size, type), then a gather of padded bytes
   scatter_object,         // the same, then a scatter of padded bytes
   broadcast_object_list,  // broadcast_object of a list every rank sizes alike
   sendrecv,               // a send and a receive at once (MPI_Sendrecv)

@@ -39,6 +39,22 @@ struct on_system_pool<asio::detail::promise_executor<T, B>> : std::true_type {};
 template <class E>
 inline constexpr bool on_system_pool_v = on_system_pool<E>::value;
 
+// Calls `handler` with `values` (a tuple) now that its operation is done:
+// posted to the handler's own executor, or inline where that is the
+// system pool's. (A tuple: g++ 12 cannot capture a pack in a lambda inside
+// a generic lambda, which is where callers are.)
+template <class Handler, class Values>
+void complete_now(Handler handler, Values values) {
+  auto ex = asio::get_associated_executor(handler);
+  auto call = [h = std::move(handler), v = std::move(values)]() mutable {
+    std::apply([&](auto&... x) { std::move(h)(std::move(x)...); }, v);
+  };
+  if constexpr (on_system_pool_v<decltype(ex)>)
+    call();
+  else
+    asio::post(ex, std::move(call));
+}
+
 // Told when any of the requests it watches finishes (wait_any).
 struct request_watch {
   std::mutex mutex;
@@ -143,14 +159,8 @@ class request {
               return;
             }
             // Finished: the request has let go of its executor, so the
-            // handler runs on its own (a coroutine's: its executor), or at
-            // once where that is the system pool's (on_system_pool).
-            auto target = asio::get_associated_executor(handler);
-            if constexpr (detail::on_system_pool_v<decltype(target)>)
-              std::move(handler)(failure);
-            else
-              asio::post(target,
-                         [h = std::move(handler), failure]() mutable { std::move(h)(failure); });
+            // handler runs on its own (detail::complete_now).
+            detail::complete_now(std::move(handler), std::make_tuple(failure));
           },
           token, state_);
     }
@@ -442,24 +452,12 @@ inline asio::any_io_executor wait_executor(std::span<const request> rs) {
     if (!r.test()) return asio::make_strand(request_access::executor_of(r));
   return {};
 }
-// Completes `token` with `args` now: on the handler's own executor, or at
-// once where that is the system pool's (on_system_pool).
+// Completes `token` with `args` now (detail::complete_now).
 template <class Signature, class Token, class... Args>
 auto complete_at_once(Token&& token, Args... args) {
-  // The arguments as one tuple: g++ 12 cannot capture a pack in a lambda
-  // inside a generic lambda.
   return asio::async_initiate<Token, Signature>(
-      [](auto handler, auto values) {
-        auto ex = asio::get_associated_executor(handler);
-        auto call = [h = std::move(handler), v = std::move(values)]() mutable {
-          std::apply([&](auto&... x) { std::move(h)(std::move(x)...); }, v);
-        };
-        if constexpr (on_system_pool_v<decltype(ex)>)
-          call();
-        else
-          asio::post(ex, std::move(call));
-      },
-      token, std::make_tuple(std::move(args)...));
+      [](auto handler, auto values) { complete_now(std::move(handler), std::move(values)); }, token,
+      std::make_tuple(std::move(args)...));
 }
 }  // namespace detail
 
